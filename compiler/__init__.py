@@ -1,0 +1,70 @@
+"""Compile a micrograd ``Value`` graph to a C extension module.
+
+    import compiler
+    m = compiler.compile(loss, inputs=xs, params=model.parameters(), outputs=logits)
+    m.set_input(x); m.forward(); m.backward(); m.update(0.1)
+
+Stages, one module each: ``trace`` (graph -> ``Program``), ``vectorize``
+(``Program -> Program``), ``codegen`` (``Program`` -> C), ``build``
+(C -> shared object, cached), ``load`` (shared object -> module).
+"""
+import os
+import time
+
+from compiler.build import (BuildError, CompileError, CompilerNotFound, CompileTimeout,
+                            HeadersNotFound, DEFAULT_TIMEOUT, build_extension,
+                            default_flags, find_compiler)
+from compiler.codegen import emit_module
+from compiler.load import load_module
+from compiler.model import CompiledModel
+from compiler.program import Op, Program
+from compiler.trace import TraceError, trace
+
+__all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op',
+           'BuildError', 'CompileError', 'CompilerNotFound', 'CompileTimeout',
+           'HeadersNotFound', 'TraceError', 'find_compiler']
+
+
+def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt='-O2',
+            timeout=DEFAULT_TIMEOUT):
+    """Trace the graph of ``loss`` once and build it into a ``CompiledModel``.
+
+    ``inputs`` are the leaf Values fed by ``set_input`` (or the rows of
+    ``train_batch``/``predict``), ``params`` the leaves trained by ``update``,
+    ``outputs`` any Values to read after ``forward``. Every other leaf is a
+    constant. ``cc`` picks the C compiler (``'tcc'``, ``'clang'``, ``'gcc'`` or a
+    path; default ``$CC`` or the best installed); ``flags`` replaces the
+    default flags entirely, ``opt`` is the optimisation level otherwise.
+    """
+    timings = {}
+    t0 = time.perf_counter()
+    program = trace(loss, inputs, params, outputs)
+    params = list(params)
+    t1 = time.perf_counter()
+    timings['trace'] = t1 - t0
+    source = emit_module(program)
+    t2 = time.perf_counter()
+    timings['codegen'] = t2 - t1
+    toolchain = find_compiler(cc)
+    flags = list(flags) if flags is not None else default_flags(toolchain, opt)
+    build = build_extension(source, toolchain, flags, timeout)
+    t3 = time.perf_counter()
+    timings['compile'] = t3 - t2
+    try:
+        module = load_module(build.path)
+    finally:
+        if build.temporary:
+            _remove_build_dir(build.path)
+    timings['load'] = time.perf_counter() - t3
+    model = CompiledModel(module, program, build, timings)
+    model.source = source
+    if params:
+        model.set_params([p.data for p in params])
+    return model
+
+
+def _remove_build_dir(so_path):
+    folder = os.path.dirname(so_path)
+    for name in os.listdir(folder):
+        os.remove(os.path.join(folder, name))
+    os.rmdir(folder)

@@ -1,0 +1,159 @@
+"""Emit the C source of the ``nn`` module for a ``Program``.
+
+Only numbers this module formats itself and integer slot indices reach the C
+text: op names select entries of the op table, they are never copied.
+"""
+import hashlib
+import math
+from string import Template
+
+from compiler.ops import OPS
+from compiler.program import Op
+from templates import read_template
+
+GENERATOR_VERSION = '1'
+
+# Statements per generated function. clang and gcc are superlinear in the
+# size of one function; chunks of this size keep them near-linear.
+CHUNK = 2000
+
+
+def c_double(x):
+    """An exact C literal for the double ``x``: no rounding in any compiler's parser.
+
+    Small integers are written in decimal, everything else as a hex float;
+    ``inf``, ``nan`` and ``-0.0`` are spelled out. Negative literals are
+    parenthesised so that ``-{a}`` can never become ``--``.
+    """
+    x = float(x)
+    if math.isnan(x):
+        return 'NAN'
+    if math.isinf(x):
+        return 'INFINITY' if x > 0 else '(-INFINITY)'
+    if x == 0.0:
+        return '(-0.0)' if math.copysign(1.0, x) < 0 else '0.0'
+    if x == math.floor(x) and abs(x) < 2.0 ** 53:
+        text = f'{x:.1f}'
+    else:
+        text = x.hex()
+    return f'({text})' if x < 0 else text
+
+
+def needs_grad(program):
+    """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter."""
+    flags = bytearray(program.n_slots)
+    flags[program.param_start:program.param_end] = b'\x01' * program.n_params
+    for op in program.ops[:program.n_grad_ops]:
+        if any(flags[a] for a in op.reads):
+            for o in op.writes:
+                flags[o] = 1
+    return flags
+
+
+class Emitter:
+    """Formats slot reads: a constant's slot is read as its literal."""
+
+    def __init__(self, program):
+        self.program = program
+        self.literal = {s: c_double(v) for s, v in program.constants.items()}
+
+    def d(self, slot):
+        return self.literal.get(slot) or f'data[{slot}]'
+
+    def scalar_forward(self, op):
+        code = OPS[op.name]
+        a = self.d(op.args[0])
+        b = self.d(op.args[1]) if code.arity == 2 else ''
+        k = c_double(op.k) if op.k is not None else ''
+        expr = code.forward.format(a=a, b=b, k=k)
+        return f'data[{op.out}] = {expr}; /* {op.name} */'
+
+    def scalar_backward(self, op, flags):
+        code = OPS[op.name]
+        fields = dict(a=self.d(op.args[0]), b=self.d(op.args[1]) if code.arity == 2 else '',
+                      o=f'data[{op.out}]', g=f'grad[{op.out}]',
+                      ga=f'grad[{op.args[0]}]', gb=f'grad[{op.args[-1]}]')
+        if op.k is not None:
+            fields.update(k=c_double(op.k), km1=c_double(op.k - 1.0))
+        return [stmt.format(**fields) for i, stmt in code.backward if flags[op.args[i]]]
+
+
+def emit_forward(program, em):
+    lines = []
+    for op in program.ops:
+        if isinstance(op, Op):
+            lines.append(em.scalar_forward(op))
+        else:
+            lines.extend(op.c_forward(em))
+    return lines
+
+
+def emit_backward(program, em, flags):
+    """Reverse-mode sweep over the loss's cone, skipping dead gradients."""
+    lines = []
+    for op in reversed(program.ops[:program.n_grad_ops]):
+        if not any(flags[o] for o in op.writes):
+            continue
+        if isinstance(op, Op):
+            lines.extend(em.scalar_backward(op, flags))
+        else:
+            lines.extend(op.c_backward(em, flags))
+    return lines
+
+
+def _chunked(name, signature, call_args, lines, prologue=()):
+    """``name`` as a function calling ``noinline`` chunks of ``lines``."""
+    out = []
+    calls = []
+    for n, start in enumerate(range(0, len(lines), CHUNK)):
+        out.append(f'static NOINLINE void\n{name}_{n}({signature})\n{{')
+        out.extend('    ' + line for line in lines[start:start + CHUNK])
+        out.append('}\n')
+        calls.append(f'    {name}_{n}({call_args});')
+    out.append(f'static void\n{name}({signature})\n{{')
+    out.extend('    ' + line for line in prologue)
+    out.extend(calls)
+    out.append('    (void)data;')
+    out.append('}\n')
+    return out
+
+
+def emit_kernels(program):
+    """The C bodies: ``init_constants``, ``refresh_aux``, ``forward``, ``backward``."""
+    em = Emitter(program)
+    flags = needs_grad(program)
+    out = ['static void\ninit_constants(double *restrict data)\n{']
+    out.extend(f'    data[{s}] = {em.literal[s]};' for s in program.constants)
+    out.append('    (void)data;\n}\n')
+
+    out.append('static void\nrefresh_aux(const double *restrict data, double *restrict aux)\n{')
+    for op in program.ops:
+        if not isinstance(op, Op):
+            out.extend('    ' + line for line in op.c_refresh_aux())
+    out.append('    (void)data; (void)aux;\n}\n')
+
+    out.extend(_chunked('forward', 'double *restrict data, const double *restrict aux',
+                        'data, aux', emit_forward(program, em)))
+    zero = [f'memset(grad, 0, sizeof(double) * {program.param_start});',
+            f'memset(grad + {program.param_end}, 0, sizeof(double) * {program.n_slots - program.param_end});',
+            f'grad[{program.loss}] = 1.0;']
+    out.extend(_chunked('backward', 'double *restrict data, double *restrict grad, const double *restrict aux',
+                        'data, grad, aux', emit_backward(program, em, flags), prologue=zero))
+    return '\n'.join(out)
+
+
+def aux_size(program):
+    return sum(getattr(op, 'aux_size', 0) for op in program.ops)
+
+
+def emit_module(program):
+    """The complete C source of the ``nn`` extension module."""
+    kernels = emit_kernels(program)
+    outputs = ', '.join(map(str, program.outputs)) or '0'
+    digest = hashlib.sha256(kernels.encode()).hexdigest()[:16]
+    return Template(read_template()).substitute(
+        generator_version=GENERATOR_VERSION, n_slots=program.n_slots,
+        n_inputs=program.n_inputs, param_start=program.param_start,
+        n_params=program.n_params, n_outputs=len(program.outputs),
+        n_aux=aux_size(program), loss=program.loss, output_slots=outputs,
+        program_hash=digest, kernels=kernels)

@@ -1,0 +1,258 @@
+"""A scalar reverse-mode autograd engine: the reference for the compiler.
+
+Every op is defined here with its derivative right beside it. The compiler
+(``compiler/ops.py``) emits C that performs the same IEEE double operations in
+the same order, so compiled forward values and gradients equal the ones
+computed here exactly.
+
+Floating-point edge cases follow IEEE-754 the way C does, rather than raising
+as Python does: ``log(0)`` is ``-inf``, ``x / 0.0`` is ``±inf`` (or ``nan`` for
+``0 / 0``), ``exp(1000)`` is ``inf``, ``0.0 ** -1`` is ``inf``. See
+``micrograd/ieee.py``.
+"""
+import numbers
+
+from micrograd import ieee
+
+
+def topological_order(roots):
+    """Nodes reachable from ``roots`` in depth-first post-order.
+
+    Children are visited in ``_prev`` order, roots in the given order, so the
+    order is deterministic. It equals the classic recursive ``build_topo`` of
+    micrograd, but uses an explicit stack so that deep graphs cannot hit the
+    recursion limit. Both ``backward()`` and the compiler's tracer use it: the
+    compiled backward pass accumulates gradients in exactly this order.
+    """
+    order = []
+    visited = set()
+    for root in roots:
+        if root in visited:
+            continue
+        visited.add(root)
+        stack = [(root, iter(root._prev))]
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if child not in visited:
+                    visited.add(child)
+                    stack.append((child, iter(child._prev)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+class Value:
+    """A scalar in an expression graph, with the gradient of the last backward.
+
+    ``_prev`` is an ordered tuple of the operands (never a set: operand order
+    decides the order of the generated code). ``_op`` names the operation and
+    ``_arg`` holds its numeric parameter (the exponent of ``**``).
+    """
+
+    __slots__ = ('data', 'grad', '_prev', '_op', '_arg', '_backward', 'label')
+    __array_ufunc__ = None  # make numpy scalars defer to __radd__ and friends
+
+    def __init__(self, data, _children=(), _op='', _arg=None, label=''):
+        self.data = float(data)
+        self.grad = 0.0
+        self._prev = tuple(_children)
+        self._op = _op
+        self._arg = _arg
+        self._backward = _no_backward
+        self.label = label
+
+    def __repr__(self):
+        return f"Value(data={self.data!r}, grad={self.grad!r})"
+
+    # -- binary arithmetic -------------------------------------------------
+
+    def __add__(self, other):
+        other = _as_value(other)
+        if other is NotImplemented:
+            return other
+        out = Value(self.data + other.data, (self, other), '+')
+
+        def _backward():
+            self.grad += out.grad
+            other.grad += out.grad
+        out._backward = _backward
+        return out
+
+    def __sub__(self, other):
+        other = _as_value(other)
+        if other is NotImplemented:
+            return other
+        out = Value(self.data - other.data, (self, other), '-')
+
+        def _backward():
+            self.grad += out.grad
+            other.grad += -out.grad
+        out._backward = _backward
+        return out
+
+    def __mul__(self, other):
+        other = _as_value(other)
+        if other is NotImplemented:
+            return other
+        out = Value(self.data * other.data, (self, other), '*')
+
+        def _backward():
+            self.grad += other.data * out.grad
+            other.grad += self.data * out.grad
+        out._backward = _backward
+        return out
+
+    def __truediv__(self, other):
+        other = _as_value(other)
+        if other is NotImplemented:
+            return other
+        out = Value(ieee.div(self.data, other.data), (self, other), '/')
+
+        def _backward():
+            # d(a/b)/da = 1/b;  d(a/b)/db = -a/b**2 = -(a/b)/b.
+            self.grad += ieee.div(out.grad, other.data)
+            other.grad += ieee.div(-(out.grad * out.data), other.data)
+        out._backward = _backward
+        return out
+
+    def __radd__(self, other):
+        other = _as_value(other)
+        return other if other is NotImplemented else other + self
+
+    def __rsub__(self, other):
+        other = _as_value(other)
+        return other if other is NotImplemented else other - self
+
+    def __rmul__(self, other):
+        other = _as_value(other)
+        return other if other is NotImplemented else other * self
+
+    def __rtruediv__(self, other):
+        other = _as_value(other)
+        return other if other is NotImplemented else other / self
+
+    def max(self, other):
+        """The larger of ``self`` and ``other``: ``self if self >= other else other``.
+
+        Ties go to ``self`` (the first argument), so only it receives the
+        gradient; a NaN comparison is false, so ``other`` is chosen. This is
+        C's ``a >= b ? a : b``.
+        """
+        other = _as_value(other)
+        if other is NotImplemented:
+            raise TypeError(f"max() needs a Value or a real number, not {type(other).__name__}")
+        first = self.data >= other.data
+        out = Value(self.data if first else other.data, (self, other), 'max')
+
+        def _backward():
+            if self.data >= other.data:
+                self.grad += out.grad
+            else:
+                other.grad += out.grad
+        out._backward = _backward
+        return out
+
+    # -- unary ops ---------------------------------------------------------
+
+    def __neg__(self):
+        out = Value(-self.data, (self,), 'neg')
+
+        def _backward():
+            self.grad += -out.grad
+        out._backward = _backward
+        return out
+
+    def __pow__(self, k):
+        if isinstance(k, Value) or not isinstance(k, numbers.Real):
+            return NotImplemented  # exponents are constants, not graph nodes
+        k = float(k)
+        out = Value(ieee.pow(self.data, k), (self,), '**', _arg=k)
+
+        def _backward():
+            # d(x**k)/dx = k * x**(k-1)
+            self.grad += (k * ieee.pow(self.data, k - 1.0)) * out.grad
+        out._backward = _backward
+        return out
+
+    def relu(self):
+        out = Value(0.0 if self.data < 0 else self.data, (self,), 'relu')
+
+        def _backward():
+            # The derivative at 0 is taken as 0 (the output is not > 0).
+            self.grad += (out.data > 0) * out.grad
+        out._backward = _backward
+        return out
+
+    def tanh(self):
+        out = Value(ieee.tanh(self.data), (self,), 'tanh')
+
+        def _backward():
+            # d tanh(x)/dx = 1 - tanh(x)**2
+            self.grad += (1.0 - out.data * out.data) * out.grad
+        out._backward = _backward
+        return out
+
+    def exp(self):
+        out = Value(ieee.exp(self.data), (self,), 'exp')
+
+        def _backward():
+            self.grad += out.data * out.grad
+        out._backward = _backward
+        return out
+
+    def log(self):
+        out = Value(ieee.log(self.data), (self,), 'log')
+
+        def _backward():
+            self.grad += ieee.div(out.grad, self.data)
+        out._backward = _backward
+        return out
+
+    def sigmoid(self):
+        out = Value(1.0 / (1.0 + ieee.exp(-self.data)), (self,), 'sigmoid')
+
+        def _backward():
+            # d s(x)/dx = s(x) * (1 - s(x))
+            self.grad += (out.data * (1.0 - out.data)) * out.grad
+        out._backward = _backward
+        return out
+
+    # -- reverse mode --------------------------------------------------------
+
+    def backward(self):
+        """Set ``d self / d node`` on every node of the graph below ``self``.
+
+        Interior nodes start from zero on every call; leaves (parameters,
+        inputs) accumulate across calls until their ``grad`` is reset, as in
+        PyTorch. A node reached along several paths gets the sum of them.
+        """
+        order = topological_order([self])
+        for node in order:
+            if node._prev:
+                node.grad = 0.0
+        self.grad = 1.0
+        for node in reversed(order):
+            node._backward()
+
+
+def _no_backward():
+    pass
+
+
+def _as_value(x):
+    if isinstance(x, Value):
+        return x
+    if isinstance(x, numbers.Real):
+        return Value(x)
+    return NotImplemented
+
+
+def max(a, b):
+    """``a.max(b)`` for Values or numbers: ties go to ``a``."""
+    a = _as_value(a)
+    if a is NotImplemented:
+        raise TypeError("max() needs Values or real numbers")
+    return a.max(b)
