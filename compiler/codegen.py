@@ -66,7 +66,9 @@ class Emitter:
         b = self.d(op.args[1]) if code.arity == 2 else ''
         k = c_double(op.k) if op.k is not None else ''
         expr = code.forward.format(a=a, b=b, k=k)
-        return f'data[{op.out}] = {expr}; /* {op.name} */'
+        if op.name.isalpha() and op.name not in code.forward:
+            return f'data[{op.out}] = {expr}; /* {op.name} */'
+        return f'data[{op.out}] = {expr};'
 
     def scalar_backward(self, op, flags):
         code = OPS[op.name]

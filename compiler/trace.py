@@ -23,7 +23,14 @@ def _check_leaves(values, what):
 
 
 def trace(loss, inputs=(), params=(), outputs=()):
-    """The ``Program`` computing ``loss`` (and ``outputs``) from ``inputs`` and ``params``.
+    """The ``Program`` computing ``loss`` (and ``outputs``) from ``inputs`` and ``params``."""
+    return trace_with_slots(loss, inputs, params, outputs)[0]
+
+
+def trace_with_slots(loss, inputs=(), params=(), outputs=()):
+    """``trace``, and the slot of every ``Value`` in the graph (for debugging and tests).
+
+    The ``Program`` computing ``loss`` (and ``outputs``) from ``inputs`` and ``params``.
 
     Ops are in the interpreter's topological order from the loss, so that the
     compiled backward pass accumulates every gradient in the interpreter's
@@ -75,9 +82,10 @@ def trace(loss, inputs=(), params=(), outputs=()):
         slot[v] = len(slot)
         ops.append(Op(v._op, slot[v], tuple(slot[c] for c in v._prev), k))
 
-    return Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
-                   constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
-                   outputs=tuple(slot[v] for v in outputs))
+    program = Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
+                      constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
+                      outputs=tuple(slot[v] for v in outputs))
+    return program, slot
 
 
 def _constant_value(v):

@@ -286,6 +286,12 @@ nn_write_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+nn_read_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return copy_slots(module, args, nargs, "read_data", 1, 0, 0, N_SLOTS);
+}
+
+static PyObject *
 nn_read_outputs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
@@ -390,6 +396,8 @@ static PyMethodDef nn_methods[] = {
      "read_grads(out): copy the parameter gradients into a float64 vector."},
     {"write_params", (PyCFunction)(void (*)(void))nn_write_params, METH_FASTCALL,
      "write_params(values): set the parameters from a float64 vector."},
+    {"read_data", (PyCFunction)(void (*)(void))nn_read_data, METH_FASTCALL,
+     "read_data(out): copy every slot's value (for debugging) into a float64 vector."},
     {"read_outputs", (PyCFunction)(void (*)(void))nn_read_outputs, METH_FASTCALL,
      "read_outputs(out): copy the outputs of the last forward into a float64 vector."},
     {"train_batch", (PyCFunction)(void (*)(void))nn_train_batch, METH_FASTCALL,

@@ -1,0 +1,74 @@
+"""One differential helper: run the interpreter and the compiled module on the
+same graph and samples, compare every value bit for bit, and name the first
+mismatch with its op."""
+import math
+import shutil
+import struct
+
+import numpy as np
+
+import compiler
+from compiler.trace import trace_with_slots
+from micrograd import Value
+
+COMPILERS = [cc for cc in ('tcc', 'clang', 'gcc') if shutil.which(cc)]
+
+
+def same(a, b):
+    """Equal as IEEE doubles: the same bits, except that any NaN equals any NaN."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return struct.pack('<d', a) == struct.pack('<d', b)
+
+
+def interpret(build, input_values, param_values):
+    """Build the graph afresh from leaf values and run the interpreter on it."""
+    inputs = [Value(x) for x in input_values]
+    params = [Value(p) for p in param_values]
+    loss, outputs = build(inputs, params)
+    loss.backward()
+    return inputs, params, loss, outputs
+
+
+def compile_graph(build, n_inputs, param_values, cc, **kwargs):
+    inputs, params, loss, outputs = interpret(build, [0.0] * n_inputs, param_values)
+    return compiler.compile(loss, inputs=inputs, params=params, outputs=outputs, cc=cc, **kwargs)
+
+
+def assert_matches_interpreter(build, samples, param_values, cc, model=None, **kwargs):
+    """Compile ``build`` once, then check forward, outputs and parameter
+    gradients for every sample of inputs against a fresh interpreter run.
+
+    ``build(inputs, params) -> (loss, outputs)`` builds the graph from leaves.
+    Returns the compiled model so callers can check more.
+    """
+    model = model or compile_graph(build, len(samples[0]), param_values, cc, **kwargs)
+    for n, sample in enumerate(samples):
+        inputs, params, loss, outputs = interpret(build, sample, param_values)
+        model.zero_grad()
+        model.set_input(list(sample))
+        got = model.forward()
+        where = f"[{cc}, sample {n}]"
+        if not same(got, loss.data):
+            raise AssertionError(f"{where} loss {got!r} != interpreter {loss.data!r}\n"
+                                 + first_mismatch(model, loss, inputs, params, outputs))
+        for i, (g, v) in enumerate(zip(model.outputs(), outputs)):
+            assert same(g, v.data), f"{where} outputs[{i}] {g!r} != interpreter {v.data!r}"
+        model.backward()
+        for i, (g, p) in enumerate(zip(model.grads(), params)):
+            assert same(g, p.grad), f"{where} grad of params[{i}] {g!r} != interpreter {p.grad!r}"
+    return model
+
+
+def first_mismatch(model, loss, inputs, params, outputs):
+    """The first slot, in program order, whose compiled value differs."""
+    program, slots = trace_with_slots(loss, inputs, params, outputs)
+    data = np.empty(program.n_slots)
+    model.module.read_data(data)
+    value_of = {s: v for v, s in slots.items()}
+    for op in program.ops:
+        v = value_of[op.out]
+        if not same(data[op.out], v.data):
+            operands = ', '.join(f'%{a}={value_of[a].data!r}' for a in op.args)
+            return f"first mismatch: {op}  compiled {data[op.out]!r}, interpreter {v.data!r}; operands {operands}"
+    return "no slot differs (check the slot layout)"
