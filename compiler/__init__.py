@@ -19,20 +19,22 @@ from compiler.load import load_module
 from compiler.model import CompiledModel
 from compiler.program import Op, Program
 from compiler.trace import TraceError, trace
+from compiler.vectorize import vectorize as lift_loops
 
 __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op',
            'BuildError', 'CompileError', 'CompilerNotFound', 'CompileTimeout',
-           'HeadersNotFound', 'TraceError', 'find_compiler']
+           'HeadersNotFound', 'TraceError', 'find_compiler', 'lift_loops']
 
 
 def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt='-O2',
-            timeout=DEFAULT_TIMEOUT):
+            vectorize=True, timeout=DEFAULT_TIMEOUT):
     """Trace the graph of ``loss`` once and build it into a ``CompiledModel``.
 
     ``inputs`` are the leaf Values fed by ``set_input`` (or the rows of
     ``train_batch``/``predict``), ``params`` the leaves trained by ``update``,
     ``outputs`` any Values to read after ``forward``. Every other leaf is a
-    constant. ``cc`` picks the C compiler (``'tcc'``, ``'clang'``, ``'gcc'`` or a
+    constant. ``vectorize`` runs the vectorizing pass (exact: results are
+    bit for bit those of the straight-line program). ``cc`` picks the C compiler (``'tcc'``, ``'clang'``, ``'gcc'`` or a
     path; default ``$CC`` or the best installed); ``flags`` replaces the
     default flags entirely, ``opt`` is the optimisation level otherwise.
     """
@@ -42,6 +44,10 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt='-O
     params = list(params)
     t1 = time.perf_counter()
     timings['trace'] = t1 - t0
+    if vectorize:
+        program = lift_loops(program)
+    timings['passes'] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     source = emit_module(program)
     t2 = time.perf_counter()
     timings['codegen'] = t2 - t1

@@ -86,7 +86,7 @@ def emit_forward(program, em):
         if isinstance(op, Op):
             lines.append(em.scalar_forward(op))
         else:
-            lines.extend(op.c_forward(em))
+            lines.append('\n'.join(op.c_forward(em)))
     return lines
 
 
@@ -99,17 +99,18 @@ def emit_backward(program, em, flags):
         if isinstance(op, Op):
             lines.extend(em.scalar_backward(op, flags))
         else:
-            lines.extend(op.c_backward(em, flags))
+            lines.append('\n'.join(op.c_backward(em, flags)))
     return lines
 
 
 def _chunked(name, signature, call_args, lines, prologue=()):
-    """``name`` as a function calling ``noinline`` chunks of ``lines``."""
+    """``name`` as a function calling ``noinline`` chunks of the statements
+    ``lines`` (a lifted op's block, newlines and all, is one statement)."""
     out = []
     calls = []
     for n, start in enumerate(range(0, len(lines), CHUNK)):
         out.append(f'static NOINLINE void\n{name}_{n}({signature})\n{{')
-        out.extend('    ' + line for line in lines[start:start + CHUNK])
+        out.extend('    ' + stmt.replace('\n', '\n    ') for stmt in lines[start:start + CHUNK])
         out.append('}\n')
         calls.append(f'    {name}_{n}({call_args});')
     out.append(f'static void\n{name}({signature})\n{{')

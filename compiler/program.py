@@ -43,6 +43,7 @@ class Program:
     loss: int
     outputs: tuple
     passes: tuple = field(default=())
+    slot_map: list = None    # after a renumbering pass: old slot -> new slot (None: eliminated)
 
     @property
     def param_start(self):

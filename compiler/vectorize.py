@@ -1,0 +1,321 @@
+"""The vectorizing pass: recover sums, dot products and matrix-vector
+products from a scalar ``Program``, keeping its results bit for bit.
+
+1. Flatten: a chain of ``+`` whose intermediates have one use each becomes
+   the terms of one left fold.
+2. Rows: a fold whose terms are an optional head followed by products
+   ``a * b`` (each used once) is a dot product with a head (a bias).
+3. Layers: rows whose products share one side, in the same order (the
+   vector ``x``), and whose other sides are parameters laid out as a strided
+   matrix ``W``, become one ``MatVec``. Slots are renumbered so that ``x`` and
+   the outputs ``y`` are contiguous.
+4. Everything else stays as scalar ops; other folds become ``Sum`` ops.
+
+Exactness: a lifted op performs the same roundings in the same order as the
+ops it replaces, and the pass only lifts where the backward pass's order of
+gradient contributions is unchanged. A layer is lifted only if its weights
+and heads are used once and its inputs either need no gradient or are used
+by this layer alone, with the rows reached in the same order for every
+column. After rescheduling, ``_same_gradient_order`` checks every slot with
+more than one consumer; if any order changed, the pass gives up and returns
+the program unchanged.
+"""
+import heapq
+from collections import defaultdict
+
+from compiler.codegen import needs_grad
+from compiler.lifted import MatVec, Sum
+from compiler.program import Op, Program
+
+MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
+MIN_ROW_PRODUCTS = 2
+
+
+def vectorize(program):
+    """``Program -> Program`` with ``Sum`` and ``MatVec`` ops lifted out."""
+    if 'vectorize' in program.passes:
+        return program
+    cone = program.ops[:program.n_grad_ops]
+    producer = {op.out: i for i, op in enumerate(program.ops)}
+    uses = defaultdict(int)
+    for op in program.ops:
+        for a in op.reads:
+            uses[a] += 1
+    for s in (program.loss, *program.outputs):
+        uses[s] += 1        # read from outside the program
+    flags = needs_grad(program)
+
+    folds = _flatten_sums(cone, producer, uses)
+    rows = {}
+    for root, (terms, members) in folds.items():
+        row = _as_row(terms, cone, producer, uses)
+        if row is not None:
+            rows[root] = row
+    layers = _group_layers(rows, program, cone, producer, uses, flags)
+
+    lifted = {}           # op index of a unit's representative -> lifted op (old slots)
+    reads = {}            # the same -> the old slots it reads
+    absorbed = {}         # op index -> representative index
+    for layer in layers:
+        rep = max(m for root in layer.roots for m in folds[root][1] + rows[root][2])
+        lifted[rep] = layer.op
+        reads[rep] = layer.reads
+        for root in layer.roots:
+            for m in folds[root][1] + rows[root][2]:
+                absorbed[m] = rep
+    in_layer = {root for layer in layers for root in layer.roots}
+    for root, (terms, members) in folds.items():
+        if root in in_layer or len(terms) < MIN_SUM_TERMS:
+            continue
+        lifted[root] = Sum(cone[root].out, list(terms))
+        reads[root] = terms
+        for m in members:
+            absorbed[m] = root
+    if not lifted:
+        return program
+
+    schedule = _schedule(cone, producer, reads, absorbed)
+    if not _same_gradient_order(program, cone, schedule, absorbed, flags, layers):
+        return program
+    return _renumber(program, schedule, lifted, layers)
+
+
+def _n_leaves(program):
+    """Inputs, parameters and constants come first: slots below this are leaves."""
+    return program.n_inputs + program.n_params + len(program.constants)
+
+
+# -- 1. flatten ------------------------------------------------------------------
+
+def _flatten_sums(cone, producer, uses):
+    """``{root op index: (terms, member op indices)}`` for every maximal fold."""
+    folds = {}
+    for i, op in enumerate(cone):
+        if op.name != '+':
+            continue
+        a, b = op.args
+        child = None
+        for chained, other in ((a, b), (b, a)):
+            j = producer.get(chained)
+            if j in folds and uses[chained] == 1:
+                child = j
+                break
+        if child is None:
+            folds[i] = ([a, b], [i])
+        else:
+            terms, members = folds.pop(child)   # single use: taken over, not copied
+            terms.append(other)                 # (chain + other) == (other + chain)
+            members.append(i)
+            folds[i] = (terms, members)
+    return folds
+
+
+# -- 2. rows ---------------------------------------------------------------------
+
+def _as_row(terms, cone, producer, uses):
+    """``(head slot or None, [(a, b) of each product], product op indices)``, or None."""
+    def product(t):
+        j = producer.get(t)
+        if j is not None and j < len(cone) and cone[j].name == '*' and uses[t] == 1:
+            return j
+        return None
+    if len(terms) >= 2 and product(terms[0]) is not None and product(terms[1]) is None:
+        terms = [terms[1], terms[0]] + terms[2:]    # the first '+' is commutative
+    head = None if product(terms[0]) is not None else terms[0]
+    products = terms[1:] if head is not None else terms
+    indices = [product(t) for t in products]
+    if len(indices) < MIN_ROW_PRODUCTS or any(j is None for j in indices):
+        return None
+    return head, [cone[j].args for j in indices], indices
+
+
+# -- 3. layers -------------------------------------------------------------------
+
+class _Layer:
+    """A ``MatVec`` in the old numbering: ``op`` with the slots it reads and writes
+    listed explicitly (its ``x`` and ``y`` become contiguous only when renumbered)."""
+
+    def __init__(self, op, roots, vector, weights, heads, y_slots, leaves):
+        self.op, self.roots, self.y_slots = op, roots, y_slots
+        self.x_slots = list(vector) if vector[0] >= leaves else None   # computed: to renumber
+        self.reads = list(weights) + list(vector) + [h for h in heads if h is not None]
+
+
+def _group_layers(rows, program, cone, producer, uses, flags):
+    """Group rows sharing their vector operand into ``MatVec`` layers."""
+    def is_param_row(slots):
+        return (program.param_start <= slots[0] and slots[-1] < program.param_end
+                and all(s == slots[0] + c for c, s in enumerate(slots)))
+
+    candidates = defaultdict(list)   # vector slots -> [(root, weight slots)]
+    for root, (head, pairs, _) in rows.items():
+        left = tuple(a for a, _ in pairs)
+        right = tuple(b for _, b in pairs)
+        options = [(right, left)] if is_param_row(left) else []
+        if is_param_row(right):
+            options.append((left, right))
+        for vector, weights in options:
+            candidates[vector].append((root, weights))
+
+    layers, taken, blocks = [], set(), {}
+    for vector, members in sorted(candidates.items(), key=lambda kv: -len(kv[1])):
+        members = [(root, w) for root, w in members if root not in taken]
+        if not members:
+            continue
+        layer = _make_layer(vector, members, rows, cone, producer, uses, flags, program)
+        if layer is None or not _claim_blocks(blocks, layer):
+            continue
+        taken.update(layer.roots)
+        layers.append(layer)
+    return layers
+
+
+def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
+    members.sort(key=lambda m: m[1][0])        # rows in the weights' order
+    R, C = len(members), len(vector)
+    w0 = members[0][1][0]
+    ldw = members[1][1][0] - w0 if R > 1 else C
+    if ldw < C or any(w[0] != w0 + r * ldw for r, (_, w) in enumerate(members)):
+        return None
+    if len(set(vector)) != C:
+        return None
+    weights = [s for _, w in members for s in w]
+    if any(uses[s] != 1 for s in weights):
+        return None
+    heads = [rows[root][0] for root, _ in members]
+    if any(h is None for h in heads) != all(h is None for h in heads):
+        return None
+    for h in heads:
+        if h is not None and flags[h] and uses[h] != 1:
+            return None
+        if h is not None and (h in set(vector) or h in set(weights)):
+            return None
+    x_needs_grad = any(flags[s] for s in vector)
+    if x_needs_grad and any(uses[s] != R for s in vector):
+        return None       # x feeds something else: its gradient order could change
+    # the order in which backward reaches the rows: latest product first, and
+    # the same order for every column
+    position = [[j for j in rows[root][2]] for root, _ in members]
+    bwd_rows = sorted(range(R), key=lambda r: -position[r][0])
+    if x_needs_grad:
+        for c in range(C):
+            if any(position[bwd_rows[k]][c] < position[bwd_rows[k + 1]][c] for k in range(R - 1)):
+                return None
+    leaves = _n_leaves(program)
+    if not (all(s < leaves for s in vector) and all(s == vector[0] + c for c, s in enumerate(vector))
+            or all(s >= leaves for s in vector)):
+        return None       # x must be contiguous leaves, or computed slots we can renumber
+    roots = [root for root, _ in members]
+    y_slots = [cone[root].out for root in roots]
+    op = MatVec(y0=y_slots[0], rows=R, cols=C, w0=w0, ldw=ldw, x0=vector[0],
+                heads=None if heads[0] is None else heads, bwd_rows=bwd_rows)
+    return _Layer(op, roots, vector, weights, heads, y_slots, leaves)
+
+
+def _claim_blocks(blocks, layer):
+    """Reserve contiguous blocks for ``y`` (and computed ``x``); False on a conflict."""
+    wanted = [layer.y_slots] + ([layer.x_slots] if layer.x_slots else [])
+    for block in wanted:
+        key = tuple(block)
+        for s in block:
+            if s in blocks and blocks[s] != key:
+                return False
+    for block in wanted:
+        for s in block:
+            blocks[s] = tuple(block)
+    return True
+
+
+# -- 4. schedule and check ---------------------------------------------------------
+
+def _schedule(cone, producer, reads, absorbed):
+    """Units (op indices of scalar ops and lifted reps) in a topological order
+    that stays as close to the original as dependencies allow."""
+    units = [i for i in range(len(cone)) if i not in absorbed or i in reads]
+    unit_of = {}
+    for i in range(len(cone)):
+        unit_of[i] = absorbed.get(i, i)
+    deps = {}
+    for u in units:
+        slots = reads[u] if u in reads else cone[u].args
+        deps[u] = {unit_of[producer[a]] for a in slots if a in producer} - {u}
+    waiting = {u: len(d) for u, d in deps.items()}
+    users = defaultdict(list)
+    for u, d in deps.items():
+        for p in d:
+            users[p].append(u)
+    ready = [u for u, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        u = heapq.heappop(ready)
+        order.append(u)
+        for v in users[u]:
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                heapq.heappush(ready, v)
+    assert len(order) == len(units), "the lifted program has a cycle"
+    return order
+
+
+def _same_gradient_order(program, cone, schedule, absorbed, flags, layers):
+    """Every slot with several consumers gets its gradient contributions in
+    the original order (a lifted unit counts as one consumer)."""
+    new_pos = {u: k for k, u in enumerate(schedule)}
+    last = {}
+    for i, op in enumerate(cone):
+        unit = new_pos[absorbed.get(i, i)]
+        for a in op.args:
+            if not flags[a]:
+                continue
+            prev = last.get(a)
+            if prev is not None and unit < prev:
+                return False
+            last[a] = unit
+    return True
+
+
+# -- 5. renumber -------------------------------------------------------------------
+
+def _renumber(program, schedule, lifted, layers):
+    leaves = _n_leaves(program)
+    new = list(range(leaves)) + [None] * (program.n_slots - leaves)
+    nxt = leaves
+
+    def place(block):
+        nonlocal nxt
+        if new[block[0]] is not None:
+            return
+        for s in block:
+            new[s] = nxt
+            nxt += 1
+    for layer in layers:
+        if layer.x_slots:
+            place(layer.x_slots)
+        place(layer.y_slots)
+    cone = program.ops[:program.n_grad_ops]
+    units = [lifted[u] if u in lifted else cone[u] for u in schedule]
+    tail = program.ops[program.n_grad_ops:]
+    for op in units + tail:
+        if isinstance(op, MatVec):
+            continue        # placed above
+        for s in op.writes:
+            if new[s] is None:
+                new[s] = nxt
+                nxt += 1
+
+    ops, aux = [], 0
+    for op in units + tail:
+        if isinstance(op, Op):
+            ops.append(Op(op.name, new[op.out], tuple(new[a] for a in op.args), op.k))
+        elif isinstance(op, Sum):
+            ops.append(Sum(new[op.out], [new[t] for t in op.terms]))
+        else:
+            ops.append(MatVec(y0=new[op.y0], rows=op.rows, cols=op.cols, w0=op.w0, ldw=op.ldw,
+                              x0=new[op.x0], heads=op.heads and [new[h] for h in op.heads],
+                              bwd_rows=op.bwd_rows, aux0=aux))
+            aux += op.aux_size
+    return Program(n_slots=nxt, n_inputs=program.n_inputs, n_params=program.n_params,
+                   constants=program.constants, ops=ops, n_grad_ops=len(units),
+                   loss=new[program.loss], outputs=tuple(new[s] for s in program.outputs),
+                   passes=program.passes + ('vectorize',), slot_map=new)
