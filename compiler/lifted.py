@@ -86,7 +86,8 @@ class MatVec:
 
     def __str__(self):
         heads = f', heads={_slot_list(self.heads)}' if self.heads else ''
-        return (f'%{self.y0}..%{self.y0 + self.rows - 1} = matvec('
+        ys = f'%{self.y0}' if self.rows == 1 else f'%{self.y0}..%{self.y0 + self.rows - 1}'
+        return (f'{ys} = matvec('
                 f'W=%{self.w0}[{self.rows}x{self.cols}, ld {self.ldw}], '
                 f'x=%{self.x0}..%{self.x0 + self.cols - 1}{heads})')
 

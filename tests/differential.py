@@ -63,12 +63,15 @@ def assert_matches_interpreter(build, samples, param_values, cc, model=None, **k
 def first_mismatch(model, loss, inputs, params, outputs):
     """The first slot, in program order, whose compiled value differs."""
     program, slots = trace_with_slots(loss, inputs, params, outputs)
-    data = np.empty(program.n_slots)
+    data = np.empty(model.program.n_slots)
     model.module.read_data(data)
+    new_slot = model.program.slot_map or range(program.n_slots)   # renumbered by a pass?
     value_of = {s: v for v, s in slots.items()}
     for op in program.ops:
         v = value_of[op.out]
-        if not same(data[op.out], v.data):
+        if new_slot[op.out] is None:
+            continue       # lifted into a loop: no slot of its own
+        if not same(data[new_slot[op.out]], v.data):
             operands = ', '.join(f'%{a}={value_of[a].data!r}' for a in op.args)
-            return f"first mismatch: {op}  compiled {data[op.out]!r}, interpreter {v.data!r}; operands {operands}"
+            return f"first mismatch: {op}  compiled {data[new_slot[op.out]]!r}, interpreter {v.data!r}; operands {operands}"
     return "no slot differs (check the slot layout)"

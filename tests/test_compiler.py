@@ -82,15 +82,16 @@ def make_builder(recipe):
 leaf_values = st.floats(-3, 3, allow_nan=False)
 
 
+@pytest.mark.parametrize('vectorize_on', [True, False])
 @pytest.mark.parametrize('cc', COMPILERS)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=graphs(), data=st.data())
-def test_random_graphs_match_the_interpreter_exactly(cc, recipe, data):
+def test_random_graphs_match_the_interpreter_exactly(cc, vectorize_on, recipe, data):
     n_inputs, n_params = recipe[0], recipe[1]
     params = data.draw(st.lists(leaf_values, min_size=n_params, max_size=n_params))
     samples = data.draw(st.lists(st.lists(leaf_values, min_size=n_inputs, max_size=n_inputs),
                                  min_size=1, max_size=3))
-    assert_matches_interpreter(make_builder(recipe), samples, params, cc)
+    assert_matches_interpreter(make_builder(recipe), samples, params, cc, vectorize=vectorize_on)
 
 
 # -- training equivalence --------------------------------------------------------

@@ -1,0 +1,158 @@
+"""The vectorizing pass: what it recognises, what it leaves alone, and that
+every program it produces matches the interpreter bit for bit."""
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import compiler
+import micrograd
+from compiler.lifted import MatVec, Sum
+from compiler.program import Op
+from compiler.vectorize import vectorize
+from micrograd import Value, cross_entropy
+from micrograd.nn import MLP
+
+from differential import COMPILERS, assert_matches_interpreter
+
+needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
+
+
+def lifted_kinds(program):
+    return [type(op).__name__ for op in program.ops if not isinstance(op, Op)]
+
+
+def mnist_graph(hidden=50):
+    model = MLP(784, [hidden, 10], seed=0)
+    xs = [Value(0.0) for _ in range(784)]
+    ys = [Value(0.0) for _ in range(10)]
+    logits = model(xs)
+    return model, xs, ys, logits, cross_entropy(logits, ys)
+
+
+def test_the_mnist_graph_becomes_two_matvecs_and_under_2000_lines_of_c():
+    model, xs, ys, logits, loss = mnist_graph()
+    program = vectorize(compiler.trace(loss, xs + ys, model.parameters(), logits))
+    mvs = [op for op in program.ops if isinstance(op, MatVec)]
+    assert [(m.rows, m.cols, m.ldw) for m in mvs] == [(50, 784, 785), (10, 50, 51)]
+    assert 'matvec(W=%794[50x784, ld 785], x=%0..%783, heads=%1578+785r)' in str(program)
+    assert len(compiler.emit_module(program).splitlines()) < 2000
+
+
+def test_a_hand_built_layer_is_recognised_too():
+    # the same shape as a Layer, written by hand, with x * w operand order
+    # and no bias: sum() starts from the constant 0
+    xs = [Value(0.0) for _ in range(4)]
+    w = [[Value(0.1 * (r + c)) for c in range(4)] for r in range(3)]
+    ys = [sum(x * wi for x, wi in zip(xs, row)) for row in w]
+    loss = sum(y.tanh() for y in ys)
+    params = [p for row in w for p in row]
+    program = vectorize(compiler.trace(loss, xs, params))
+    assert lifted_kinds(program) == ['MatVec', 'Sum'] or lifted_kinds(program) == ['MatVec']
+    mv = next(op for op in program.ops if isinstance(op, MatVec))
+    assert (mv.rows, mv.cols) == (3, 4)
+
+
+def test_irregular_graphs_compile_unchanged():
+    a, b = Value(1.0), Value(2.0)
+    loss = (a * b).tanh() + (a - b).exp() * a
+    program = compiler.trace(loss, [a], [b])
+    assert vectorize(program) is program
+
+
+def test_an_input_used_outside_the_layer_blocks_the_matvec_when_its_gradient_matters():
+    # x is a computed value used by the layer AND by another op: lifting the
+    # layer would move x's gradient contributions, so only sums are lifted
+    a = Value(0.5)
+    xs = [(a * k).tanh() for k in (1.0, 2.0, 3.0)]
+    w = [[Value(0.1 * (r + c + 1)) for c in range(3)] for r in range(2)]
+    ys = [sum((wi * x for wi, x in zip(row, xs)), Value(0.0)) for row in w]
+    loss = ys[0] * ys[1] + xs[0] * xs[1] + xs[2]
+    params = [a] + [p for row in w for p in row]
+    program = vectorize(compiler.trace(loss, [], params))
+    assert 'MatVec' not in lifted_kinds(program)
+
+
+def test_printed_program_shows_the_lifted_ops():
+    xs = [Value(0.0), Value(0.0)]
+    model = MLP(2, [2, 1], seed=0)
+    loss = model(xs)
+    text = str(vectorize(compiler.trace(loss, xs, model.parameters())))
+    assert 'passes: vectorize' in text and 'matvec(W=%2[2x2, ld 3], x=%0..%1, heads=%4+3r)' in text
+
+
+# -- differential: random layered graphs, with and without the pass -------------
+
+ACTS = ['relu', 'tanh', 'sigmoid', 'none']
+
+
+@st.composite
+def layered_graphs(draw):
+    """MLP-like graphs built by hand: random widths, activations, operand
+    order, bias or none, and sometimes an activation reused elsewhere."""
+    sizes = draw(st.lists(st.integers(1, 5), min_size=2, max_size=4))
+    acts = draw(st.lists(st.sampled_from(ACTS), min_size=len(sizes) - 1, max_size=len(sizes) - 1))
+    bias = draw(st.booleans())
+    swap = draw(st.booleans())
+    reuse = draw(st.booleans())
+    return sizes, acts, bias, swap, reuse
+
+
+def layered_builder(shape):
+    sizes, acts, bias, swap, reuse = shape
+
+    def build(inputs, params):
+        it = iter(params)
+        x = list(inputs)
+        extra = []
+        for n_out, act in zip(sizes[1:], acts):
+            ys = []
+            for _ in range(n_out):
+                ws = [next(it) for _ in x]
+                prods = (xi * wi if swap else wi * xi for wi, xi in zip(ws, x))
+                y = sum(prods, next(it)) if bias else sum(prods)
+                ys.append(y if act == 'none' else getattr(y, act)())
+            if reuse:
+                extra.append(ys[0] * 0.5)
+            x = ys
+        loss = sum(x) + sum(extra) if extra else sum(x)
+        return loss, x
+    return build
+
+
+def n_params(shape):
+    sizes, _, bias, _, _ = shape
+    return sum(a * b + (b if bias else 0) for a, b in zip(sizes, sizes[1:]))
+
+
+@needs_cc
+@pytest.mark.parametrize('vectorize_on', [True, False])
+@pytest.mark.parametrize('cc', COMPILERS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=layered_graphs(), data=st.data())
+def test_layered_graphs_match_the_interpreter(cc, vectorize_on, shape, data):
+    values = st.floats(-2, 2, allow_nan=False)
+    params = data.draw(st.lists(values, min_size=n_params(shape), max_size=n_params(shape)))
+    samples = data.draw(st.lists(st.lists(values, min_size=shape[0][0], max_size=shape[0][0]),
+                                 min_size=1, max_size=2))
+    assert_matches_interpreter(layered_builder(shape), samples, params, cc, vectorize=vectorize_on)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_the_mnist_graph_is_exact_with_the_pass(cc):
+    import numpy as np
+    ref = MLP(784, [20, 10], seed=0)
+    values = [p.data for p in ref.parameters()]
+
+    def build(inputs, params):
+        model = MLP(784, [20, 10], seed=0)
+        it = iter(params)
+        for layer in model.layers:
+            for n in layer.neurons:
+                n.w = [next(it) for _ in n.w]
+                n.b = next(it)
+        logits = model(inputs[:784])
+        return cross_entropy(logits, inputs[784:]), logits
+    rng = np.random.default_rng(1)
+    samples = [list(rng.random(784)) + [0.0] * 9 + [1.0] for _ in range(2)]
+    m = assert_matches_interpreter(build, samples, values, cc)
+    assert 'MatVec' in lifted_kinds(m.program)
