@@ -26,8 +26,8 @@ __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op',
            'HeadersNotFound', 'TraceError', 'find_compiler', 'lift_loops']
 
 
-def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt='-O2',
-            vectorize=True, timeout=DEFAULT_TIMEOUT):
+def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=None,
+            native=False, vectorize=True, timeout=DEFAULT_TIMEOUT):
     """Trace the graph of ``loss`` once and build it into a ``CompiledModel``.
 
     ``inputs`` are the leaf Values fed by ``set_input`` (or the rows of
@@ -36,7 +36,9 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt='-O
     constant. ``vectorize`` runs the vectorizing pass (exact: results are
     bit for bit those of the straight-line program). ``cc`` picks the C compiler (``'tcc'``, ``'clang'``, ``'gcc'`` or a
     path; default ``$CC`` or the best installed); ``flags`` replaces the
-    default flags entirely, ``opt`` is the optimisation level otherwise.
+    default flags entirely; otherwise ``opt`` sets the optimisation level
+    (default: the fastest for that compiler) and ``native=True`` adds
+    ``-march=native``.
     """
     timings = {}
     t0 = time.perf_counter()
@@ -52,7 +54,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt='-O
     t2 = time.perf_counter()
     timings['codegen'] = t2 - t1
     toolchain = find_compiler(cc)
-    flags = list(flags) if flags is not None else default_flags(toolchain, opt)
+    flags = list(flags) if flags is not None else default_flags(toolchain, opt, native)
     build = build_extension(source, toolchain, flags, timeout)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2

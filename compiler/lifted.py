@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 # Terms per C statement of a long Sum: keeps expression trees shallow.
 TERMS_PER_LINE = 32
+# Rows whose running sums a forward loop keeps in registers at once.
+ROW_BLOCK = 16
+# Widest x for which the weight-gradient loop lists x's nonzeros on the stack.
+SPARSE_MAX_COLS = 16384
 
 
 @dataclass(eq=False)
@@ -114,12 +118,27 @@ class MatVec:
         else:
             lines.append(f'    for (Py_ssize_t r = 0; r < {R}; r++) y[r] = wt[r] * x[0];')
             c0 = 1
-        lines += [f'    for (Py_ssize_t c = {c0}; c < {C}; c++) {{',
-                  '        const double xc = x[c];',
-                  f'        const double *restrict w = wt + c * {R};',
-                  f'        for (Py_ssize_t r = 0; r < {R}; r++) y[r] += w[r] * xc;',
-                  '    }',
-                  '}']
+        B = ROW_BLOCK
+        full = R - R % B if B else 0
+        if full:
+            # blocks of B rows: their partial sums stay in registers across all columns
+            lines += [f'    for (Py_ssize_t r0 = 0; r0 < {full}; r0 += {B}) {{',
+                      f'        double acc[{B}];',
+                      f'        for (int k = 0; k < {B}; k++) acc[k] = y[r0 + k];',
+                      f'        for (Py_ssize_t c = {c0}; c < {C}; c++) {{',
+                      '            const double xc = x[c];',
+                      f'            const double *restrict w = wt + c * {R} + r0;',
+                      f'            for (int k = 0; k < {B}; k++) acc[k] += w[k] * xc;',
+                      '        }',
+                      f'        for (int k = 0; k < {B}; k++) y[r0 + k] = acc[k];',
+                      '    }']
+        if full < R:
+            lines += [f'    for (Py_ssize_t c = {c0}; c < {C}; c++) {{',
+                      '        const double xc = x[c];',
+                      f'        const double *restrict w = wt + c * {R};',
+                      f'        for (Py_ssize_t r = {full}; r < {R}; r++) y[r] += w[r] * xc;',
+                      '    }']
+        lines.append('}')
         return lines
 
     def c_backward(self, em, flags):
@@ -127,7 +146,23 @@ class MatVec:
         lines = [f'{{   /* backward of {self} */',
                  f'    const double *restrict gy = grad + {self.y0};',
                  f'    const double *restrict x = data + {self.x0};']
-        if flags[self.w0]:
+        if flags[self.w0] and C <= SPARSE_MAX_COLS:
+            lines += ['    /* dW[r][c] += x[c] * gy[r], the outer product. Where x[c] == 0 and',
+                      '       gy[r] is finite the term is a signed zero, which leaves a parameter',
+                      '       gradient unchanged (they start at +0.0, and a sum starting at +0.0',
+                      '       never becomes -0.0), so only the nonzero columns are visited. */',
+                      f'    Py_ssize_t nz[{C}], n = 0;',
+                      f'    for (Py_ssize_t c = 0; c < {C}; c++) if (x[c] != 0.0) nz[n++] = c;',
+                      f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) {{',
+                      '        const double g = gy[r];',
+                      f'        double *restrict gw = grad + {self.w0} + r * {self.ldw};',
+                      '        if (isfinite(g)) {',
+                      '            for (Py_ssize_t k = 0; k < n; k++) gw[nz[k]] += x[nz[k]] * g;',
+                      '        } else {',
+                      f'            for (Py_ssize_t c = 0; c < {C}; c++) gw[c] += x[c] * g;',
+                      '        }',
+                      '    }']
+        elif flags[self.w0]:
             lines += ['    /* dW[r][c] += x[c] * gy[r]: the outer product */',
                       f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) {{',
                       '        const double g = gy[r];',

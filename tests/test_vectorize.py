@@ -156,3 +156,20 @@ def test_the_mnist_graph_is_exact_with_the_pass(cc):
     samples = [list(rng.random(784)) + [0.0] * 9 + [1.0] for _ in range(2)]
     m = assert_matches_interpreter(build, samples, values, cc)
     assert 'MatVec' in lifted_kinds(m.program)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_sparse_weight_gradients_stay_exact_for_nonfinite_gradients(cc):
+    # zero inputs let the weight-gradient loop skip columns, which is exact
+    # only while the row's gradient is finite: log(relu(y)) at y <= 0 makes it
+    # inf or nan, and then 0 * inf must still reach the weights as nan
+    def build(inputs, params):
+        it = iter(params)
+        ys = [sum((next(it) * x for x in inputs), next(it)) for _ in range(18)]
+        return sum(y.relu().log() for y in ys), ys
+    n_params = 18 * 5
+    params = [0.3 * ((i * 7) % 5 - 2) for i in range(n_params)]
+    samples = [[0.0, 1.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 0.5]]
+    m = assert_matches_interpreter(build, samples, params, cc)
+    assert 'MatVec' in lifted_kinds(m.program)
