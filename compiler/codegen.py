@@ -44,10 +44,26 @@ def needs_grad(program):
     flags = bytearray(program.n_slots)
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     for op in program.ops[:program.n_grad_ops]:
-        if any(flags[a] for a in op.reads):
-            for o in op.writes:
-                flags[o] = 1
+        for a in op.reads:
+            if flags[a]:
+                for o in op.writes:
+                    flags[o] = 1
+                break
     return flags
+
+
+def _as_function(template, fields):
+    """The op-table snippet ``template`` as a function of ``fields``: one
+    f-string call per statement instead of a ``str.format`` parse. The
+    templates are this package's own text, never the user's."""
+    return eval(f"lambda {', '.join(fields)}: f{template!r}")
+
+
+_FORWARD = {name: _as_function(
+    'data[{out}] = ' + code.forward + (f'; /* {name} */' if name.isalpha() and name not in code.forward else ';'),
+    ('out', 'a', 'b', 'k')) for name, code in OPS.items()}
+_BACKWARD = {name: [(i, _as_function(stmt, ('a', 'b', 'o', 'g', 'ga', 'gb', 'k', 'km1')))
+                    for i, stmt in code.backward] for name, code in OPS.items()}
 
 
 class Emitter:
@@ -56,28 +72,28 @@ class Emitter:
     def __init__(self, program):
         self.program = program
         self.literal = {s: c_double(v) for s, v in program.constants.items()}
+        self.data = [f'data[{s}]' for s in range(program.n_slots)]
+        for s, text in self.literal.items():
+            self.data[s] = text
+        self.grad = [f'grad[{s}]' for s in range(program.n_slots)]
 
     def d(self, slot):
-        return self.literal.get(slot) or f'data[{slot}]'
+        return self.data[slot]
 
     def scalar_forward(self, op):
-        code = OPS[op.name]
-        a = self.d(op.args[0])
-        b = self.d(op.args[1]) if code.arity == 2 else ''
+        args, data = op.args, self.data
+        b = data[args[1]] if len(args) == 2 else ''
         k = c_double(op.k) if op.k is not None else ''
-        expr = code.forward.format(a=a, b=b, k=k)
-        if op.name.isalpha() and op.name not in code.forward:
-            return f'data[{op.out}] = {expr}; /* {op.name} */'
-        return f'data[{op.out}] = {expr};'
+        return _FORWARD[op.name](op.out, data[args[0]], b, k)
 
     def scalar_backward(self, op, flags):
-        code = OPS[op.name]
-        fields = dict(a=self.d(op.args[0]), b=self.d(op.args[1]) if code.arity == 2 else '',
-                      o=f'data[{op.out}]', g=f'grad[{op.out}]',
-                      ga=f'grad[{op.args[0]}]', gb=f'grad[{op.args[-1]}]')
+        args, data, grad = op.args, self.data, self.grad
+        b = data[args[1]] if len(args) == 2 else ''
+        k = km1 = ''
         if op.k is not None:
-            fields.update(k=c_double(op.k), km1=c_double(op.k - 1.0))
-        return [stmt.format(**fields) for i, stmt in code.backward if flags[op.args[i]]]
+            k, km1 = c_double(op.k), c_double(op.k - 1.0)
+        return [stmt(data[args[0]], b, data[op.out], grad[op.out], grad[args[0]], grad[args[-1]], k, km1)
+                for i, stmt in _BACKWARD[op.name] if flags[args[i]]]
 
 
 def emit_forward(program, em):
@@ -94,11 +110,10 @@ def emit_backward(program, em, flags):
     """Reverse-mode sweep over the loss's cone, skipping dead gradients."""
     lines = []
     for op in reversed(program.ops[:program.n_grad_ops]):
-        if not any(flags[o] for o in op.writes):
-            continue
         if isinstance(op, Op):
-            lines.extend(em.scalar_backward(op, flags))
-        else:
+            if flags[op.out]:
+                lines.extend(em.scalar_backward(op, flags))
+        elif any(flags[o] for o in op.writes):
             lines.append('\n'.join(op.c_backward(em, flags)))
     return lines
 
@@ -110,7 +125,7 @@ def _chunked(name, signature, call_args, lines, prologue=()):
     calls = []
     for n, start in enumerate(range(0, len(lines), CHUNK)):
         out.append(f'static NOINLINE void\n{name}_{n}({signature})\n{{')
-        out.extend('    ' + stmt.replace('\n', '\n    ') for stmt in lines[start:start + CHUNK])
+        out.append('    ' + '\n'.join(lines[start:start + CHUNK]).replace('\n', '\n    '))
         out.append('}\n')
         calls.append(f'    {name}_{n}({call_args});')
     out.append(f'static void\n{name}({signature})\n{{')

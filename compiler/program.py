@@ -9,7 +9,7 @@ the rest compute extra ``outputs`` only.
 from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Op:
     """``out = name(args...)``; ``k`` is the exponent of ``**``."""
     name: str

@@ -17,6 +17,9 @@ def _check_leaves(values, what):
             raise TraceError(f"{what}[{i}] is a {type(v).__name__}, not a Value")
         if v._prev:
             raise TraceError(f"{what}[{i}] is the result of a {v._op!r} op; {what} must be leaf Values")
+        if v._op:
+            raise TraceError(f"{what}[{i}] is a leaf with op {v._op!r}; leaves have none")
+        _real(v.data, f"{what}[{i}].data")
     if len(set(map(id, values))) != len(values):
         raise TraceError(f"{what} lists the same Value twice")
     return values
@@ -51,9 +54,9 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
     slot = {}
     for v in inputs + params:
         slot[v] = len(slot)
-    cone = topological_order([loss])
-    in_cone = set(cone)
-    order = cone + [v for v in topological_order(outputs) if v not in in_cone]
+    visited = set()
+    cone = topological_order([loss], visited)
+    order = cone + topological_order(outputs, visited)
 
     constants = {}
     computed = []
@@ -68,19 +71,22 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
 
     ops = []
     n_cone = sum(1 for v in cone if v._prev)
+    n = len(slot)
     for v in computed:
-        code = OPS.get(v._op) if isinstance(v._op, str) else None
+        name, prev = v._op, v._prev
+        code = OPS.get(name) if type(name) is str else None
         if code is None:
-            raise TraceError(f"unknown op {v._op!r}: the compiler knows {', '.join(OPS)}")
-        if len(v._prev) != code.arity:
-            raise TraceError(f"op {v._op!r} has {len(v._prev)} operands, expected {code.arity}")
+            raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(OPS)}")
+        if len(prev) != code.arity:
+            raise TraceError(f"op {name!r} has {len(prev)} operands, expected {code.arity}")
         k = None
-        if v._op == '**':
+        if name == '**':
             if isinstance(v._arg, bool) or not isinstance(v._arg, numbers.Real):
                 raise TraceError(f"'**' needs a real exponent, got {v._arg!r}")
             k = float(v._arg)
-        slot[v] = len(slot)
-        ops.append(Op(v._op, slot[v], tuple(slot[c] for c in v._prev), k))
+        slot[v] = n
+        ops.append(Op(name, n, tuple([slot[c] for c in prev]), k))
+        n += 1
 
     program = Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
                       constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
@@ -88,9 +94,33 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
     return program, slot
 
 
-def _constant_value(v):
+_OP_NAMES = {name: name for name in OPS}
+
+
+def _real(x, what):
+    """``x`` as a float, if it is a real number (numpy scalars included; not a
+    bool, a string or anything else ``float()`` would also accept)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TraceError(f"{what} must be a real number, not {type(x).__name__} {x!r:.60}")
     try:
-        x = float(v.data)
-    except (TypeError, ValueError):
-        raise TraceError(f"a constant leaf holds {v.data!r}, not a number") from None
-    return x
+        return float(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TraceError(f"{what} ({type(x).__name__}) does not convert to a float: {e}") from None
+
+
+def _graph_order(roots):
+    """``topological_order(roots)``, once every node is known to be a ``Value``
+    whose operands are a tuple of ``Value``s."""
+    seen = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if not isinstance(v, Value):
+            raise TraceError(f"the graph holds a {type(v).__name__} among the operands, not a Value")
+        if type(v._prev) is not tuple:
+            raise TraceError(f"a {v._op!r} node's operands are a {type(v._prev).__name__}, not a tuple")
+        stack.extend(v._prev)
+    return topological_order(roots)

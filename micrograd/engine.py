@@ -15,7 +15,7 @@ import numbers
 from micrograd import ieee
 
 
-def topological_order(roots):
+def topological_order(roots, visited=None):
     """Nodes reachable from ``roots`` in depth-first post-order.
 
     Children are visited in ``_prev`` order, roots in the given order, so the
@@ -23,9 +23,10 @@ def topological_order(roots):
     micrograd, but uses an explicit stack so that deep graphs cannot hit the
     recursion limit. Both ``backward()`` and the compiler's tracer use it: the
     compiled backward pass accumulates gradients in exactly this order.
+    Nodes already in ``visited`` (which is updated) are left out.
     """
     order = []
-    visited = set()
+    visited = set() if visited is None else visited
     for root in roots:
         if root in visited:
             continue
@@ -70,9 +71,10 @@ class Value:
     # -- binary arithmetic -------------------------------------------------
 
     def __add__(self, other):
-        other = _as_value(other)
-        if other is NotImplemented:
-            return other
+        if type(other) is not Value:
+            other = _as_value(other)
+            if other is NotImplemented:
+                return other
         out = Value(self.data + other.data, (self, other), '+')
 
         def _backward():
@@ -82,9 +84,10 @@ class Value:
         return out
 
     def __sub__(self, other):
-        other = _as_value(other)
-        if other is NotImplemented:
-            return other
+        if type(other) is not Value:
+            other = _as_value(other)
+            if other is NotImplemented:
+                return other
         out = Value(self.data - other.data, (self, other), '-')
 
         def _backward():
@@ -94,9 +97,10 @@ class Value:
         return out
 
     def __mul__(self, other):
-        other = _as_value(other)
-        if other is NotImplemented:
-            return other
+        if type(other) is not Value:
+            other = _as_value(other)
+            if other is NotImplemented:
+                return other
         out = Value(self.data * other.data, (self, other), '*')
 
         def _backward():
@@ -106,9 +110,10 @@ class Value:
         return out
 
     def __truediv__(self, other):
-        other = _as_value(other)
-        if other is NotImplemented:
-            return other
+        if type(other) is not Value:
+            other = _as_value(other)
+            if other is NotImplemented:
+                return other
         out = Value(ieee.div(self.data, other.data), (self, other), '/')
 
         def _backward():
