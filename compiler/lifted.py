@@ -146,28 +146,28 @@ class MatVec:
         lines = [f'{{   /* backward of {self} */',
                  f'    const double *restrict gy = grad + {self.y0};',
                  f'    const double *restrict x = data + {self.x0};']
-        if flags[self.w0] and C <= SPARSE_MAX_COLS:
-            lines += ['    /* dW[r][c] += x[c] * gy[r], the outer product. Where x[c] == 0 and',
-                      '       gy[r] is finite the term is a signed zero, which leaves a parameter',
-                      '       gradient unchanged (they start at +0.0, and a sum starting at +0.0',
-                      '       never becomes -0.0), so only the nonzero columns are visited. */',
-                      f'    Py_ssize_t nz[{C}], n = 0;',
-                      f'    for (Py_ssize_t c = 0; c < {C}; c++) if (x[c] != 0.0) nz[n++] = c;',
-                      f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) {{',
+        if flags[self.w0]:
+            dense = f'for (Py_ssize_t c = 0; c < {C}; c++) gw[c] += x[c] * g;'
+            lines.append('    /* dW[r][c] += x[c] * gy[r]: the outer product */')
+            if C <= SPARSE_MAX_COLS:
+                # Where x[c] == 0 and gy[r] is finite the term is a signed zero,
+                # which leaves a parameter gradient unchanged (they start at
+                # +0.0, and a sum starting at +0.0 never becomes -0.0): only the
+                # nonzero columns are visited.
+                lines += ['    /* (only where x[c] != 0 while gy[r] is finite: adding a signed zero changes nothing) */',
+                          f'    Py_ssize_t nz[{C}], n = 0;',
+                          f'    for (Py_ssize_t c = 0; c < {C}; c++) if (x[c] != 0.0) nz[n++] = c;']
+                update = ['        if (isfinite(g)) {',
+                          '            for (Py_ssize_t k = 0; k < n; k++) gw[nz[k]] += x[nz[k]] * g;',
+                          '        } else {',
+                          '            ' + dense,
+                          '        }']
+            else:
+                update = ['        ' + dense]
+            lines += [f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) {{',
                       '        const double g = gy[r];',
                       f'        double *restrict gw = grad + {self.w0} + r * {self.ldw};',
-                      '        if (isfinite(g)) {',
-                      '            for (Py_ssize_t k = 0; k < n; k++) gw[nz[k]] += x[nz[k]] * g;',
-                      '        } else {',
-                      f'            for (Py_ssize_t c = 0; c < {C}; c++) gw[c] += x[c] * g;',
-                      '        }',
-                      '    }']
-        elif flags[self.w0]:
-            lines += ['    /* dW[r][c] += x[c] * gy[r]: the outer product */',
-                      f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) {{',
-                      '        const double g = gy[r];',
-                      f'        double *restrict gw = grad + {self.w0} + r * {self.ldw};',
-                      f'        for (Py_ssize_t c = 0; c < {C}; c++) gw[c] += x[c] * g;',
+                      *update,
                       '    }']
         if self.heads:
             strided = self._strided_heads(em)
