@@ -77,7 +77,7 @@ class MatVec:
 
     @property
     def aux_size(self):
-        return self.rows * self.cols
+        return self.rows * self.cols + 1     # W transposed, then "W is finite"
 
     @property
     def reads(self):
@@ -118,6 +118,21 @@ class MatVec:
         else:
             lines.append(f'    for (Py_ssize_t r = 0; r < {R}; r++) y[r] = wt[r] * x[0];')
             c0 = 1
+        if C <= SPARSE_MAX_COLS:
+            # Columns where x[c] == 0 add w * x[c], a signed zero when w is
+            # finite, and y + (±0) == y unless y is -0.0. A sum never becomes
+            # -0.0 from a value that is not -0.0, so while every W entry is
+            # finite and no row starts at -0.0, skipping those columns leaves
+            # every row's sum exactly as it is.
+            lines += [f'    Py_ssize_t cols[{C}], n = 0;',
+                      f'    int skip_zeros = aux[{self.aux0 + R * C}] != 0.0;   /* every W entry is finite */',
+                      f'    for (Py_ssize_t r = 0; r < {R} && skip_zeros; r++)',
+                      '        if (y[r] == 0.0 && signbit(y[r])) skip_zeros = 0;',
+                      f'    for (Py_ssize_t c = {c0}; c < {C}; c++)',
+                      '        if (!skip_zeros || x[c] != 0.0) cols[n++] = c;']
+            columns = ['for (Py_ssize_t k = 0; k < n; k++) {', '    const Py_ssize_t c = cols[k];']
+        else:
+            columns = [f'for (Py_ssize_t c = {c0}; c < {C}; c++) {{']
         B = ROW_BLOCK
         full = R - R % B if B else 0
         if full:
@@ -125,15 +140,15 @@ class MatVec:
             lines += [f'    for (Py_ssize_t r0 = 0; r0 < {full}; r0 += {B}) {{',
                       f'        double acc[{B}];',
                       f'        for (int k = 0; k < {B}; k++) acc[k] = y[r0 + k];',
-                      f'        for (Py_ssize_t c = {c0}; c < {C}; c++) {{',
+                      *['        ' + s for s in columns],
                       '            const double xc = x[c];',
                       f'            const double *restrict w = wt + c * {R} + r0;',
-                      f'            for (int k = 0; k < {B}; k++) acc[k] += w[k] * xc;',
+                      f'            for (int i = 0; i < {B}; i++) acc[i] += w[i] * xc;',
                       '        }',
                       f'        for (int k = 0; k < {B}; k++) y[r0 + k] = acc[k];',
                       '    }']
         if full < R:
-            lines += [f'    for (Py_ssize_t c = {c0}; c < {C}; c++) {{',
+            lines += [*['    ' + s for s in columns],
                       '        const double xc = x[c];',
                       f'        const double *restrict w = wt + c * {R};',
                       f'        for (Py_ssize_t r = {full}; r < {R}; r++) y[r] += w[r] * xc;',
@@ -147,20 +162,24 @@ class MatVec:
                  f'    const double *restrict gy = grad + {self.y0};',
                  f'    const double *restrict x = data + {self.x0};']
         if flags[self.w0]:
+            # dW[r][c] += x[c] * gy[r], the outer product. A term that is a
+            # signed zero leaves a parameter gradient unchanged (they start at
+            # +0.0, and a sum that does not start at -0.0 never becomes -0.0),
+            # so with finite factors the zeros of x and of gy are skipped: a
+            # ReLU layer's inactive rows and a digit's blank pixels.
             dense = f'for (Py_ssize_t c = 0; c < {C}; c++) gw[c] += x[c] * g;'
-            lines.append('    /* dW[r][c] += x[c] * gy[r]: the outer product */')
             if C <= SPARSE_MAX_COLS:
-                # Where x[c] == 0 and gy[r] is finite the term is a signed zero,
-                # which leaves a parameter gradient unchanged (they start at
-                # +0.0, and a sum starting at +0.0 never becomes -0.0): only the
-                # nonzero columns are visited.
-                lines += ['    /* (only where x[c] != 0 while gy[r] is finite: adding a signed zero changes nothing) */',
-                          f'    Py_ssize_t nz[{C}], n = 0;',
-                          f'    for (Py_ssize_t c = 0; c < {C}; c++) if (x[c] != 0.0) nz[n++] = c;']
-                update = ['        if (isfinite(g)) {',
-                          '            for (Py_ssize_t k = 0; k < n; k++) gw[nz[k]] += x[nz[k]] * g;',
-                          '        } else {',
+                lines += [f'    Py_ssize_t nz[{C}], n = 0;',
+                          f'    double xv[{C}];',
+                          '    int x_finite = 1;',
+                          f'    for (Py_ssize_t c = 0; c < {C}; c++) {{',
+                          '        if (x[c] != 0.0) { nz[n] = c; xv[n++] = x[c]; }',
+                          '        if (!isfinite(x[c])) x_finite = 0;',
+                          '    }']
+                update = ['        if (!isfinite(g) || !x_finite) {',
                           '            ' + dense,
+                          '        } else if (g != 0.0) {',
+                          '            for (Py_ssize_t k = 0; k < n; k++) gw[nz[k]] += xv[k] * g;',
                           '        }']
             else:
                 update = ['        ' + dense]
@@ -189,9 +208,13 @@ class MatVec:
 
     def c_refresh_aux(self):
         R, C = self.rows, self.cols
-        return [f'for (Py_ssize_t r = 0; r < {R}; r++)   /* transpose W of {self} */',
-                f'    for (Py_ssize_t c = 0; c < {C}; c++)',
-                f'        aux[{self.aux0} + c * {R} + r] = data[{self.w0} + r * {self.ldw} + c];']
+        return [f'aux[{self.aux0 + R * C}] = 1.0;   /* W of {self} is finite */',
+                f'for (Py_ssize_t r = 0; r < {R}; r++)   /* transpose W */',
+                f'    for (Py_ssize_t c = 0; c < {C}; c++) {{',
+                f'        const double w = data[{self.w0} + r * {self.ldw} + c];',
+                f'        aux[{self.aux0} + c * {R} + r] = w;',
+                f'        if (!isfinite(w)) aux[{self.aux0 + R * C}] = 0.0;',
+                '    }']
 
 
 def _row_loop(order):

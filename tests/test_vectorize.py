@@ -173,3 +173,62 @@ def test_sparse_weight_gradients_stay_exact_for_nonfinite_gradients(cc):
     samples = [[0.0, 1.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 0.5]]
     m = assert_matches_interpreter(build, samples, params, cc)
     assert 'MatVec' in lifted_kinds(m.program)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
+    # The loops skip zero inputs and zero row gradients only where that is
+    # exact: a row starting at -0.0 (here a bias of -0.0 with blank inputs)
+    # must still turn into +0.0, and an infinite input times a zero gradient
+    # must still reach the weight gradient as nan.
+    import math
+
+    def build(inputs, params):
+        it = iter(params)
+        ys = [sum((next(it) * x for x in inputs), next(it)) for _ in range(17)]
+        return sum(y.relu() for y in ys), ys
+    params = []
+    for r in range(17):
+        # each row takes its bias first: sum()'s start is evaluated before the products
+        params += [-0.0 if r % 2 else -1.0] + [0.25 * ((r + c) % 3 - 1) + 0.1 for c in range(5)]
+    samples = [[0.0] * 5, [0.0, 0.0, 1.0, 0.0, 0.0], [math.inf, 0.0, 0.0, 0.0, 0.0],
+               [-0.0, 2.0, 0.0, math.nan, 0.0]]
+    m = assert_matches_interpreter(build, samples, params, cc)
+    assert 'MatVec' in lifted_kinds(m.program)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_an_infinite_weight_turns_off_the_zero_skipping(cc):
+    # inf * 0 is nan, so once update() has overflowed a weight, zero inputs
+    # may no longer be skipped
+    import math
+    import numpy as np
+
+    def build(inputs, params):
+        it = iter(params)
+        ys = [sum((next(it) * x for x in inputs), next(it)) for _ in range(17)]
+        return sum(ys), ys
+    params = [0.5] * (17 * 4)
+    m = compiler.compile(*_graph(build, 3, params), cc=cc)
+    m.set_input([1.0, 1.0, 1.0])
+    m.forward()
+    m.backward()                      # every weight gradient is 1.0
+    m.update(1.7e308)                 # finite once; the second step overflows
+    m.set_input([1.0, 1.0, 1.0]); m.forward(); m.backward(); m.update(1.7e308)
+    p = m.params()
+    assert np.isinf(p).any()
+    m.set_input([0.0, 0.0, 0.0])
+    m.forward()
+    inputs = [Value(0.0) for _ in range(3)]
+    _, ys = build(inputs, [Value(v) for v in p])
+    for got, y in zip(m.outputs(), ys):
+        assert got == y.data or (math.isnan(got) and math.isnan(y.data)), (got, y.data)
+
+
+def _graph(build, n_inputs, params):
+    inputs = [Value(0.0) for _ in range(n_inputs)]
+    leaves = [Value(v) for v in params]
+    loss, outputs = build(inputs, leaves)
+    return loss, inputs, leaves, outputs
