@@ -67,14 +67,19 @@ _BACKWARD = {name: [(i, _as_function(stmt, ('a', 'b', 'o', 'g', 'ga', 'gb', 'k',
 
 
 class Emitter:
-    """Formats slot reads: a constant's slot is read as its literal."""
+    """Formats slot reads.
+
+    Constants are read from their slots (set once by ``init_constants``), not
+    written into expressions as literals: a C compiler then cannot fold
+    ``exp(2.0)`` with its own arithmetic instead of libm's, nor rewrite
+    ``a >= -0.0 ? a : -0.0`` into a ``maxsd`` that returns -0.0 for +0.0
+    (clang 14 does, at -O2).
+    """
 
     def __init__(self, program):
         self.program = program
         self.literal = {s: c_double(v) for s, v in program.constants.items()}
         self.data = [f'data[{s}]' for s in range(program.n_slots)]
-        for s, text in self.literal.items():
-            self.data[s] = text
         self.grad = [f'grad[{s}]' for s in range(program.n_slots)]
 
     def d(self, slot):

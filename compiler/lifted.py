@@ -96,10 +96,10 @@ class MatVec:
                 f'x=%{self.x0}..%{self.x0 + self.cols - 1}{heads})')
 
     def _strided_heads(self, em):
-        """``(first, stride)`` when the heads are non-constant slots in arithmetic progression."""
+        """``(first, stride)`` when the head slots are in arithmetic progression."""
         h = self.heads
         stride = h[1] - h[0] if len(h) > 1 else 1
-        if all(s not in em.literal for s in h) and all(h[r] == h[0] + r * stride for r in range(len(h))):
+        if all(h[r] == h[0] + r * stride for r in range(len(h))):
             return h[0], stride
         return None
 

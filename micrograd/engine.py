@@ -56,13 +56,15 @@ class Value:
     __slots__ = ('data', 'grad', '_prev', '_op', '_arg', '_backward', 'label')
     __array_ufunc__ = None  # make numpy scalars defer to __radd__ and friends
 
-    def __init__(self, data, _children=(), _op='', _arg=None, label=''):
+    def __init__(self, data, _children=(), _op='', _arg=None, label='', _backward=None):
         self.data = float(data)
         self.grad = 0.0
-        self._prev = tuple(_children)
+        self._prev = _children if type(_children) is tuple else tuple(_children)
         self._op = _op
         self._arg = _arg
-        self._backward = _no_backward
+        # The op's derivative, a function of the result node: no closure, so a
+        # graph holds no reference cycles and frees as soon as it is dropped.
+        self._backward = _backward or _no_backward
         self.label = label
 
     def __repr__(self):
@@ -75,53 +77,53 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        out = Value(self.data + other.data, (self, other), '+')
+        return Value(self.data + other.data, (self, other), '+', _backward=Value._add_backward)
 
-        def _backward():
-            self.grad += out.grad
-            other.grad += out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _add_backward(out):
+        a, b = out._prev
+        a.grad += out.grad
+        b.grad += out.grad
 
     def __sub__(self, other):
         if type(other) is not Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        out = Value(self.data - other.data, (self, other), '-')
+        return Value(self.data - other.data, (self, other), '-', _backward=Value._sub_backward)
 
-        def _backward():
-            self.grad += out.grad
-            other.grad += -out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _sub_backward(out):
+        a, b = out._prev
+        a.grad += out.grad
+        b.grad += -out.grad
 
     def __mul__(self, other):
         if type(other) is not Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        out = Value(self.data * other.data, (self, other), '*')
+        return Value(self.data * other.data, (self, other), '*', _backward=Value._mul_backward)
 
-        def _backward():
-            self.grad += other.data * out.grad
-            other.grad += self.data * out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _mul_backward(out):
+        a, b = out._prev
+        a.grad += b.data * out.grad
+        b.grad += a.data * out.grad
 
     def __truediv__(self, other):
         if type(other) is not Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        out = Value(ieee.div(self.data, other.data), (self, other), '/')
+        return Value(ieee.div(self.data, other.data), (self, other), '/', _backward=Value._div_backward)
 
-        def _backward():
-            # d(a/b)/da = 1/b;  d(a/b)/db = -a/b**2 = -(a/b)/b.
-            self.grad += ieee.div(out.grad, other.data)
-            other.grad += ieee.div(-(out.grad * out.data), other.data)
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _div_backward(out):
+        a, b = out._prev
+        # d(a/b)/da = 1/b;  d(a/b)/db = -a/b**2 = -(a/b)/b.
+        a.grad += ieee.div(out.grad, b.data)
+        b.grad += ieee.div(-(out.grad * out.data), b.data)
 
     def __radd__(self, other):
         other = _as_value(other)
@@ -150,80 +152,81 @@ class Value:
         if other is NotImplemented:
             raise TypeError(f"max() needs a Value or a real number, not {type(other).__name__}")
         first = self.data >= other.data
-        out = Value(self.data if first else other.data, (self, other), 'max')
+        return Value(self.data if first else other.data, (self, other), 'max', _backward=Value._max_backward)
 
-        def _backward():
-            if self.data >= other.data:
-                self.grad += out.grad
-            else:
-                other.grad += out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _max_backward(out):
+        a, b = out._prev
+        if a.data >= b.data:
+            a.grad += out.grad
+        else:
+            b.grad += out.grad
 
     # -- unary ops ---------------------------------------------------------
 
     def __neg__(self):
-        out = Value(-self.data, (self,), 'neg')
+        return Value(-self.data, (self,), 'neg', _backward=Value._neg_backward)
 
-        def _backward():
-            self.grad += -out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _neg_backward(out):
+        a, = out._prev
+        a.grad += -out.grad
 
     def __pow__(self, k):
         if isinstance(k, Value) or not isinstance(k, numbers.Real):
             return NotImplemented  # exponents are constants, not graph nodes
         k = float(k)
-        out = Value(ieee.pow(self.data, k), (self,), '**', _arg=k)
+        return Value(ieee.pow(self.data, k), (self,), '**', _arg=k, _backward=Value._pow_backward)
 
-        def _backward():
-            # d(x**k)/dx = k * x**(k-1)
-            self.grad += (k * ieee.pow(self.data, k - 1.0)) * out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _pow_backward(out):
+        a, = out._prev
+        k = out._arg
+        # d(x**k)/dx = k * x**(k-1)
+        a.grad += (k * ieee.pow(a.data, k - 1.0)) * out.grad
 
     def relu(self):
-        out = Value(0.0 if self.data < 0 else self.data, (self,), 'relu')
+        return Value(0.0 if self.data < 0 else self.data, (self,), 'relu', _backward=Value._relu_backward)
 
-        def _backward():
-            # The derivative at 0 is taken as 0 (the output is not > 0).
-            self.grad += (out.data > 0) * out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _relu_backward(out):
+        a, = out._prev
+        # The derivative at 0 is taken as 0 (the output is not > 0).
+        a.grad += (out.data > 0) * out.grad
 
     def tanh(self):
-        out = Value(ieee.tanh(self.data), (self,), 'tanh')
+        return Value(ieee.tanh(self.data), (self,), 'tanh', _backward=Value._tanh_backward)
 
-        def _backward():
-            # d tanh(x)/dx = 1 - tanh(x)**2
-            self.grad += (1.0 - out.data * out.data) * out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _tanh_backward(out):
+        a, = out._prev
+        # d tanh(x)/dx = 1 - tanh(x)**2
+        a.grad += (1.0 - out.data * out.data) * out.grad
 
     def exp(self):
-        out = Value(ieee.exp(self.data), (self,), 'exp')
+        return Value(ieee.exp(self.data), (self,), 'exp', _backward=Value._exp_backward)
 
-        def _backward():
-            self.grad += out.data * out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _exp_backward(out):
+        a, = out._prev
+        a.grad += out.data * out.grad
 
     def log(self):
-        out = Value(ieee.log(self.data), (self,), 'log')
+        return Value(ieee.log(self.data), (self,), 'log', _backward=Value._log_backward)
 
-        def _backward():
-            self.grad += ieee.div(out.grad, self.data)
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _log_backward(out):
+        a, = out._prev
+        a.grad += ieee.div(out.grad, a.data)
 
     def sigmoid(self):
-        out = Value(1.0 / (1.0 + ieee.exp(-self.data)), (self,), 'sigmoid')
+        return Value(1.0 / (1.0 + ieee.exp(-self.data)), (self,), 'sigmoid', _backward=Value._sigmoid_backward)
 
-        def _backward():
-            # d s(x)/dx = s(x) * (1 - s(x))
-            self.grad += (out.data * (1.0 - out.data)) * out.grad
-        out._backward = _backward
-        return out
+    @staticmethod
+    def _sigmoid_backward(out):
+        a, = out._prev
+        # d s(x)/dx = s(x) * (1 - s(x))
+        a.grad += (out.data * (1.0 - out.data)) * out.grad
 
     # -- reverse mode --------------------------------------------------------
 
@@ -240,10 +243,10 @@ class Value:
                 node.grad = 0.0
         self.grad = 1.0
         for node in reversed(order):
-            node._backward()
+            node._backward(node)
 
 
-def _no_backward():
+def _no_backward(node):
     pass
 
 

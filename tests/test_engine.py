@@ -2,7 +2,7 @@
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import micrograd
 from micrograd import Value, cross_entropy, mse, softmax
@@ -253,6 +253,7 @@ def test_against_pytorch(xs):
     def f(a, b, c, lib):
         t = (a * b + c / b - a ** 2).tanh() + (b.exp() * c).log() + (a - c).sigmoid()
         return t + lib.max(a, c) + (b - 1.0).relu()
+    assume(xs[0] != xs[2])   # at a tie torch.max splits the gradient; ours goes to the first
     vals = [Value(x) for x in xs]
     out = f(*vals, micrograd)
     out.backward()
