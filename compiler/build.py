@@ -4,17 +4,27 @@ The compiler is chosen by argument (``'tcc'``, ``'clang'``, ``'gcc'`` or a
 path), else ``$CC``, else the first of clang, gcc, tcc, cc found on ``PATH``.
 Flags keep IEEE semantics: no fast-math, no contraction into FMA.
 
+The Python headers are those of the running interpreter, or the folder named
+by ``$MICROGRAD_PYTHON_INCLUDE`` (or the ``include_dir`` argument).
+
 Cache: ``$MICROGRAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/micrograd-compiler``,
 else ``~/.cache/micrograd-compiler``; ``MICROGRAD_CACHE=0`` builds in a
-temporary folder instead. Entries are keyed by a hash of everything that
-decides the binary, written under a file lock to a temporary name and renamed
-into place, and checked against a recorded SHA-256 before they are used.
+temporary folder instead. A shared object that someone else can replace would
+run as the user, so the folder is the user's alone: it is created with mode
+0o700; the default folder, if it exists with wider permissions, is narrowed
+to 0o700; a ``$MICROGRAD_CACHE_DIR`` is left as it is, but refused if another
+user owns it or it is writable by group or others. Entries are keyed by a hash of
+everything that decides the binary, written under a file lock to a temporary
+name and renamed into place, and checked against a recorded SHA-256 before
+they are used; a failed build leaves no shared object and no checksum.
 """
 import fcntl
 import functools
 import hashlib
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -118,12 +128,18 @@ def default_flags(toolchain, opt=None, native=False):
     return flags + ['-march=native'] if native else flags
 
 
-def _python_include():
-    include = sysconfig.get_paths()['include']
-    if not os.path.exists(os.path.join(include, 'Python.h')):
-        raise HeadersNotFound(f"Python.h is not in {include}: install the Python development headers "
-                              "(e.g. 'apt-get install python3-dev')")
-    return include
+HEADERS_HINT = "install the Python development headers (e.g. 'apt-get install python3-dev')"
+
+
+def python_include(include_dir=None):
+    """The folder holding ``Python.h``: ``include_dir``, ``$MICROGRAD_PYTHON_INCLUDE``,
+    or the running interpreter's."""
+    return include_dir or os.environ.get('MICROGRAD_PYTHON_INCLUDE') or sysconfig.get_paths()['include']
+
+
+def _check_headers(include, source_path):
+    if not os.path.isfile(os.path.join(include, 'Python.h')):
+        raise HeadersNotFound(f"Python.h is not in {include}: {HEADERS_HINT}", source_path=source_path)
 
 
 def cache_dir():
@@ -131,19 +147,39 @@ def cache_dir():
     if os.environ.get('MICROGRAD_CACHE', '1') in ('0', 'false', 'no', 'off'):
         return None
     root = os.environ.get('MICROGRAD_CACHE_DIR')
-    if not root:
+    default = not root
+    if default:
         base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
         root = os.path.join(base, 'micrograd-compiler')
     os.makedirs(root, mode=0o700, exist_ok=True)
+    _check_private(root, narrow=default)
     return root
 
 
-def build_key(source, toolchain, flags):
+def _check_private(root, narrow):
+    """Refuse a cache folder others can write to; ``narrow`` it to 0o700 instead if it is ours."""
+    st = os.stat(root)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.getuid():
+        raise BuildError(f"the build cache folder {root} belongs to uid {st.st_uid}, not to this user "
+                         f"(uid {os.getuid()}): set MICROGRAD_CACHE_DIR to a folder of your own")
+    if narrow and mode != 0o700:
+        os.chmod(root, 0o700)
+    elif mode & 0o022:
+        raise BuildError(f"the build cache folder {root} is writable by others (mode {mode:#o}): "
+                         f"run 'chmod go-w {root}' or set MICROGRAD_CACHE_DIR to a private folder")
+
+
+def build_key(source, toolchain, flags, include_dir=None):
+    """The cache key: a hash of the generator's version, the compiler's path and
+    version, each flag, the Python headers' folder and extension suffix, and
+    the source. Each part is length-prefixed, so no two lists of parts collide."""
     h = hashlib.sha256()
-    for part in (GENERATOR_VERSION, toolchain.path, toolchain.version, ' '.join(flags),
-                 sysconfig.get_config_var('EXT_SUFFIX') or '', source):
-        h.update(part.encode())
-        h.update(b'\0')
+    for part in (GENERATOR_VERSION, toolchain.path, toolchain.version, *flags, '--',
+                 python_include(include_dir), sysconfig.get_config_var('EXT_SUFFIX') or '', source):
+        data = part.encode('utf-8', 'surrogateescape')
+        h.update(len(data).to_bytes(8, 'little'))
+        h.update(data)
     return h.hexdigest()[:32]
 
 
@@ -170,21 +206,55 @@ def _remove(path):
         pass
 
 
-def _run_compiler(toolchain, flags, source_path, out_path, timeout):
-    cmd = [toolchain.path, *flags, '-I', _python_include(), '-o', out_path, source_path, '-lm']
+def _run_compiler(toolchain, flags, source_path, out_path, timeout, include_dir=None):
+    include = python_include(include_dir)
+    _check_headers(include, source_path)
+    cmd = [toolchain.path, *flags, '-I', include, '-o', out_path, source_path, '-lm']
+    # A session of its own, so that a timeout kills the whole process group:
+    # the driver's children (cc1, as, ld) would otherwise keep the pipes open.
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors='replace',
+                                start_new_session=True)
+    except OSError as e:
+        raise CompilerNotFound(f"{toolchain.name} could not be run ({e}); {INSTALL_HINT}",
+                               cmd=cmd, source_path=source_path) from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
         _remove(out_path)
-        stderr = e.stderr.decode(errors='replace') if isinstance(e.stderr, bytes) else (e.stderr or '')
         raise CompileTimeout(f"{toolchain.name} did not finish within {timeout:g} s "
-                             "(try tcc, a lower optimisation level, or a larger timeout)",
-                             cmd=cmd, stderr=stderr, source_path=source_path) from None
-    if r.returncode != 0 or not os.path.exists(out_path):
+                             "(try tcc, a lower optimisation level, or a larger timeout: "
+                             "argument timeout=, or $MICROGRAD_CC_TIMEOUT)",
+                             cmd=cmd, returncode=proc.returncode, stderr=stderr,
+                             source_path=source_path) from None
+    except BaseException:
+        _kill_group(proc)     # KeyboardInterrupt: leave no compiler running
+        proc.wait()
         _remove(out_path)
-        raise CompileError(f"{toolchain.name} failed to compile the generated module",
-                           cmd=cmd, returncode=r.returncode, stderr=r.stderr, source_path=source_path)
+        raise
+    if proc.returncode != 0 or not os.path.exists(out_path):
+        _remove(out_path)
+        if 'Python.h' in stderr and ('No such file' in stderr or 'not found' in stderr):
+            raise HeadersNotFound(f"{toolchain.name} could not find the Python headers in {include}: "
+                                  f"{HEADERS_HINT}", cmd=cmd, returncode=proc.returncode,
+                                  stderr=stderr, source_path=source_path)
+        raise CompileError(f"{toolchain.name} failed to compile the generated module"
+                           + ("" if proc.returncode else " (it exited 0 but wrote no shared object)")
+                           + ". If the compiler works otherwise, the generated C is at fault: "
+                           "please report it with the kept source",
+                           cmd=cmd, returncode=proc.returncode, stderr=stderr or stdout,
+                           source_path=source_path)
     return cmd
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
 
 
 @dataclass
@@ -197,9 +267,13 @@ class Build:
     flags: list
 
 
-def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT):
-    """Compile ``source`` into a shared object, or reuse the cached one."""
-    key = build_key(source, toolchain, flags)
+def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_dir=None):
+    """Compile ``source`` into a shared object, or reuse the cached one.
+
+    On failure the C source is kept (its path is in the exception) and no
+    shared object is left behind.
+    """
+    key = build_key(source, toolchain, flags, include_dir)
     root = cache_dir()
     if root is None:
         tmpdir = tempfile.mkdtemp(prefix='micrograd-build-')
@@ -207,7 +281,7 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT):
         with open(src, 'w') as f:
             f.write(source)
         so = os.path.join(tmpdir, 'nn.so')
-        cmd = _run_compiler(toolchain, flags, src, so, timeout)
+        cmd = _run_compiler(toolchain, flags, src, so, timeout, include_dir)
         return Build(so, cmd, False, True, toolchain, flags)
 
     so, digest = os.path.join(root, key + '.so'), os.path.join(root, key + '.sha256')
@@ -221,7 +295,7 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT):
         _write_atomic(src, source)
         tmp = os.path.join(root, f'.tmp-{key}-{os.getpid()}.so')
         try:
-            cmd = _run_compiler(toolchain, flags, src, tmp, timeout)
+            cmd = _run_compiler(toolchain, flags, src, tmp, timeout, include_dir)
             _write_atomic(digest, _sha256_file(tmp))
             os.replace(tmp, so)
         finally:

@@ -50,11 +50,17 @@ class CompiledModel:
         return out
 
     def set_params(self, values):
-        """Set the parameters (in ``params`` order) from a sequence or float64 array."""
-        values = np.asarray(values, dtype=np.float64)
+        """Set the parameters (in ``params`` order) from a sequence or array of
+        finite real numbers (converted to float64)."""
+        try:
+            values = np.asarray(values)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"set_params(): values must be a sequence of {self.n_params} numbers ({e})") from None
+        if values.dtype.kind not in 'fiu':
+            raise TypeError(f"set_params(): values must be real numbers, got an array of dtype {values.dtype}")
         if values.shape != (self.n_params,):
-            raise ValueError(f"params must have shape ({self.n_params},), got {values.shape}")
-        self.module.write_params(np.ascontiguousarray(values))
+            raise ValueError(f"set_params(): values must have shape ({self.n_params},), got {values.shape}")
+        self.module.write_params(np.ascontiguousarray(values, dtype=np.float64))
 
     def train_batch(self, X, lr):
         """One SGD step on the mean gradient over the rows of ``X``; returns the mean loss.
@@ -64,9 +70,13 @@ class CompiledModel:
         return self.module.train_batch(X, lr)
 
     def predict(self, X):
-        """Forward only on every row of ``X``: float64 ``[rows, n_outputs]``."""
-        rows = len(X) if hasattr(X, '__len__') else 0
-        out = np.empty((rows, self.n_outputs))
+        """Forward only on every row of ``X`` (a C-contiguous float64 array
+        ``[rows, n_inputs]``): float64 ``[rows, n_outputs]``."""
+        shape = getattr(X, 'shape', None)
+        if not isinstance(shape, tuple) or len(shape) != 2:
+            raise TypeError(f"predict(): X must be a 2-D float64 array [rows, {self.n_inputs}], "
+                            f"not {type(X).__name__}" + (f" of shape {shape}" if shape is not None else ""))
+        out = np.empty((shape[0], self.n_outputs))
         self.module.predict(X, out)
         return out
 

@@ -55,18 +55,25 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
     for v in inputs + params:
         slot[v] = len(slot)
     visited = set()
-    cone = topological_order([loss], visited)
-    order = cone + topological_order(outputs, visited)
+    try:
+        cone = topological_order([loss], visited)
+        order = cone + topological_order(outputs, visited)
+    except (AttributeError, TypeError):
+        raise TraceError("the graph holds an operand that is not a Value") from None
 
     constants = {}
     computed = []
     for v in order:
+        if not isinstance(v, Value) or type(v._prev) is not tuple:
+            raise TraceError(f"the graph holds a {type(v).__name__} with operands "
+                             f"{type(getattr(v, '_prev', None)).__name__}: nodes must be Values "
+                             "whose operands are a tuple of Values")
         if v._prev:
             computed.append(v)
         elif v not in slot:
             if v._op:
                 raise TraceError(f"a leaf Value has op {v._op!r}; leaves have none")
-            constants[len(slot)] = _constant_value(v)
+            constants[len(slot)] = _real(v.data, "a constant leaf's data")
             slot[v] = len(slot)
 
     ops = []
@@ -81,20 +88,19 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
             raise TraceError(f"op {name!r} has {len(prev)} operands, expected {code.arity}")
         k = None
         if name == '**':
-            if isinstance(v._arg, bool) or not isinstance(v._arg, numbers.Real):
-                raise TraceError(f"'**' needs a real exponent, got {v._arg!r}")
-            k = float(v._arg)
+            k = _real(v._arg, "the exponent of '**'")
+        try:
+            args = tuple([slot[c] for c in prev])
+        except KeyError:
+            raise TraceError(f"the graph has a cycle through a {name!r} op") from None
         slot[v] = n
-        ops.append(Op(name, n, tuple([slot[c] for c in prev]), k))
+        ops.append(Op(name, n, args, k))
         n += 1
 
     program = Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
                       constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
                       outputs=tuple(slot[v] for v in outputs))
     return program, slot
-
-
-_OP_NAMES = {name: name for name in OPS}
 
 
 def _real(x, what):
@@ -106,21 +112,3 @@ def _real(x, what):
         return float(x)
     except (TypeError, ValueError, OverflowError) as e:
         raise TraceError(f"{what} ({type(x).__name__}) does not convert to a float: {e}") from None
-
-
-def _graph_order(roots):
-    """``topological_order(roots)``, once every node is known to be a ``Value``
-    whose operands are a tuple of ``Value``s."""
-    seen = set()
-    stack = list(roots)
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if not isinstance(v, Value):
-            raise TraceError(f"the graph holds a {type(v).__name__} among the operands, not a Value")
-        if type(v._prev) is not tuple:
-            raise TraceError(f"a {v._op!r} node's operands are a {type(v._prev).__name__}, not a tuple")
-        stack.extend(v._prev)
-    return topological_order(roots)

@@ -44,8 +44,13 @@ typedef struct {
     int busy;          /* a call that released the GIL is running */
 } State;
 
+/* The state, unless another thread is inside a call that released the GIL
+ * (train_batch, predict). `busy` is only read and written with the GIL held.
+ * Claim the state only after converting the arguments: a conversion can run
+ * Python code (a __float__ method), which can let another thread start a
+ * train_batch in between. */
 static State *
-get_state(PyObject *module)
+claim_state(PyObject *module)
 {
     State *st = (State *)PyModule_GetState(module);
     if (st == NULL)
@@ -59,57 +64,75 @@ get_state(PyObject *module)
 }
 
 static int
-no_args(const char *name, Py_ssize_t nargs, Py_ssize_t expected)
+check_nargs(const char *func, Py_ssize_t nargs, Py_ssize_t expected)
 {
     if (nargs != expected) {
         PyErr_Format(PyExc_TypeError, "%s() takes %zd argument%s (%zd given)",
-                     name, expected, expected == 1 ? "" : "s", nargs);
+                     func, expected, expected == 1 ? "" : "s", nargs);
         return 0;
     }
     return 1;
 }
 
-/* Fill `view` with a C-contiguous float64 buffer of `ndim` dimensions.
- * `cols` (when >= 0) is the required length of the last dimension, `rows`
- * (when >= 0) the required length of the first. The buffer is released on
- * every error path; on success the caller releases it. */
+/* Whether a buffer format string means a native float64. '<' and '>' name a
+ * byte order, which is only acceptable when it is this machine's. */
 static int
-get_float64_buffer(PyObject *obj, Py_buffer *view, const char *what, int ndim,
-                   Py_ssize_t rows, Py_ssize_t cols, int writable)
+is_float64_format(const char *fmt)
+{
+    const unsigned one = 1;
+    const int little = *(const unsigned char *)&one == 1;
+    if (fmt[0] == '@' || fmt[0] == '=' || (fmt[0] == '<' && little) || (fmt[0] == '>' && !little))
+        fmt++;
+    return strcmp(fmt, "d") == 0;
+}
+
+/* Fill `view` with a C-contiguous float64 buffer of `ndim` dimensions: the
+ * argument `arg` of `func`. `cols` (when >= 0) is the required length of the
+ * last dimension, `rows` (when >= 0) the required length of the first. The
+ * buffer is released on every error path; on success the caller releases it. */
+static int
+get_float64_buffer(PyObject *obj, Py_buffer *view, const char *func, const char *arg,
+                   int ndim, Py_ssize_t rows, Py_ssize_t cols, int writable)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;     /* e.g. a released memoryview: its own ValueError says it best */
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
-                     "%s must be a float64 buffer (numpy array, array('d'), memoryview)%s, not %R",
-                     what, ndim == 1 ? " or a list of numbers" : "", (PyObject *)Py_TYPE(obj));
+                     "%s(): %s must be a %s float64 buffer (numpy array, array('d'), memoryview)%s, not %R",
+                     func, arg, ndim == 1 ? "1-D" : "2-D",
+                     strcmp(func, "set_input") == 0 ? " or a list of numbers" : "",
+                     (PyObject *)Py_TYPE(obj));
         return -1;
     }
     const char *fmt = view->format ? view->format : "B";
-    if (!(strcmp(fmt, "d") == 0 || strcmp(fmt, "=d") == 0 || strcmp(fmt, "@d") == 0 ||
-          strcmp(fmt, "<d") == 0) || view->itemsize != 8) {
-        PyErr_Format(PyExc_TypeError, "%s must hold float64 ('d'), got format '%s' with itemsize %zd",
-                     what, fmt, view->itemsize);
+    if (!is_float64_format(fmt) || view->itemsize != 8) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): %s must hold float64 values (format 'd'), got format '%s' with itemsize %zd",
+                     func, arg, fmt, view->itemsize);
         goto fail;
     }
     if (view->ndim != ndim) {
-        PyErr_Format(PyExc_ValueError, "%s must be %d-dimensional, got %d dimension%s",
-                     what, ndim, view->ndim, view->ndim == 1 ? "" : "s");
+        PyErr_Format(PyExc_ValueError, "%s(): %s must be %d-dimensional, got %d dimension%s",
+                     func, arg, ndim, view->ndim, view->ndim == 1 ? "" : "s");
         goto fail;
     }
     if (!PyBuffer_IsContiguous(view, 'C')) {
-        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous (use numpy.ascontiguousarray)", what);
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): %s must be C-contiguous (use numpy.ascontiguousarray)", func, arg);
         goto fail;
     }
     if (writable && view->readonly) {
-        PyErr_Format(PyExc_ValueError, "%s is read-only; it must be writable", what);
+        PyErr_Format(PyExc_ValueError, "%s(): %s is read-only; it must be writable", func, arg);
         goto fail;
     }
     if (rows >= 0 && view->shape[0] != rows) {
-        PyErr_Format(PyExc_ValueError, "%s has %zd rows, expected %zd", what, view->shape[0], rows);
+        PyErr_Format(PyExc_ValueError, "%s(): %s has %zd rows, expected %zd (one per row of X)",
+                     func, arg, view->shape[0], rows);
         goto fail;
     }
     if (cols >= 0 && view->shape[ndim - 1] != cols) {
-        PyErr_Format(PyExc_ValueError, "%s has %zd %s, expected %zd", what,
+        PyErr_Format(PyExc_ValueError, "%s(): %s has %zd %s, expected %zd", func, arg,
                      view->shape[ndim - 1], ndim == 1 ? "values" : "columns", cols);
         goto fail;
     }
@@ -119,18 +142,38 @@ fail:
     return -1;
 }
 
+/* `obj` as a double. A TypeError or OverflowError from the conversion is
+ * replaced by one naming the argument; anything else (an exception raised by
+ * the object's own __float__, a KeyboardInterrupt) is passed on as it is. */
+static int
+get_double(PyObject *obj, double *x, const char *func, const char *arg, Py_ssize_t index)
+{
+    *x = PyFloat_AsDouble(obj);
+    if (*x != -1.0 || !PyErr_Occurred())
+        return 0;
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        if (index >= 0)
+            PyErr_Format(PyExc_TypeError, "%s(): %s[%zd] must be a real number, not %R",
+                         func, arg, index, (PyObject *)Py_TYPE(obj));
+        else
+            PyErr_Format(PyExc_TypeError, "%s(): %s must be a real number, not %R",
+                         func, arg, (PyObject *)Py_TYPE(obj));
+    } else if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s(): %s is too large for a float64", func, arg);
+    }
+    return -1;
+}
+
 /* A learning rate: a finite, non-negative number. */
 static int
-get_lr(PyObject *obj, double *lr)
+get_lr(const char *func, PyObject *obj, double *lr)
 {
-    *lr = PyFloat_AsDouble(obj);
-    if (*lr == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "lr must be a number");
+    if (get_double(obj, lr, func, "lr", -1) < 0)
         return -1;
-    }
     if (!isfinite(*lr) || *lr < 0.0) {
-        PyErr_Format(PyExc_ValueError, "lr must be finite and >= 0, got %R", obj);
+        PyErr_Format(PyExc_ValueError, "%s(): lr must be finite and >= 0, got %R", func, obj);
         return -1;
     }
     return 0;
@@ -148,39 +191,62 @@ apply_update(State *st, double scale_lr, double divisor)
 
 /* ---- entry points ------------------------------------------------------- */
 
+/* Convert a list or tuple of N_INPUTS numbers into `out`. Items are held by
+ * strong references while they convert: a __float__ may change the list. */
+static int
+get_number_list(PyObject *obj, double *out)
+{
+    Py_ssize_t n = PySequence_Size(obj);
+    if (n < 0)
+        return -1;
+    if (n != N_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "set_input(): values has %zd values, expected %d",
+                     n, N_INPUTS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(obj, i);
+        if (item == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_IndexError)) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "set_input(): values changed size while it was read");
+            }
+            return -1;
+        }
+        int failed = get_double(item, &out[i], "set_input", "values", i) < 0;
+        Py_DECREF(item);
+        if (failed)
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 nn_set_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    State *st = get_state(module);
-    if (st == NULL || !no_args("set_input", nargs, 1))
+    if (!check_nargs("set_input", nargs, 1))
         return NULL;
     PyObject *obj = args[0];
+    State *st;
     if (PyList_Check(obj) || PyTuple_Check(obj)) {
-        Py_ssize_t n = PyList_Check(obj) ? PyList_Size(obj) : PyTuple_Size(obj);
-        if (n != N_INPUTS) {
-            PyErr_Format(PyExc_ValueError, "values has %zd values, expected %d", n, N_INPUTS);
-            return NULL;
-        }
         /* Convert into a scratch copy first: a bad item leaves the inputs as they were. */
         double *tmp = (double *)PyMem_Malloc(sizeof(double) * (N_INPUTS > 0 ? N_INPUTS : 1));
         if (tmp == NULL)
             return PyErr_NoMemory();
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *item = PyList_Check(obj) ? PyList_GetItem(obj, i) : PyTuple_GetItem(obj, i);
-            tmp[i] = PyFloat_AsDouble(item);
-            if (tmp[i] == -1.0 && PyErr_Occurred()) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_TypeError, "values[%zd] is not a number", i);
-                PyMem_Free(tmp);
-                return NULL;
-            }
+        if (get_number_list(obj, tmp) < 0 || (st = claim_state(module)) == NULL) {
+            PyMem_Free(tmp);
+            return NULL;
         }
         memcpy(st->data, tmp, sizeof(double) * N_INPUTS);
         PyMem_Free(tmp);
     } else {
         Py_buffer view;
-        if (get_float64_buffer(obj, &view, "values", 1, -1, N_INPUTS, 0) < 0)
+        if (get_float64_buffer(obj, &view, "set_input", "values", 1, -1, N_INPUTS, 0) < 0)
             return NULL;
+        if ((st = claim_state(module)) == NULL) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
         memcpy(st->data, view.buf, sizeof(double) * N_INPUTS);
         PyBuffer_Release(&view);
     }
@@ -191,8 +257,8 @@ nn_set_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 nn_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    State *st = get_state(module);
-    if (st == NULL || !no_args("forward", nargs, 0))
+    State *st;
+    if (!check_nargs("forward", nargs, 0) || (st = claim_state(module)) == NULL)
         return NULL;
     forward(st->data, st->aux);
     st->forward_done = 1;
@@ -202,13 +268,13 @@ nn_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 nn_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    State *st = get_state(module);
-    if (st == NULL || !no_args("backward", nargs, 0))
+    State *st;
+    if (!check_nargs("backward", nargs, 0) || (st = claim_state(module)) == NULL)
         return NULL;
     if (!st->forward_done) {
         PyErr_SetString(PyExc_RuntimeError,
                         "backward() needs the values of forward(): call forward() after "
-                        "set_input(), set_params() or update()");
+                        "set_input(), set_params(), update() or train_batch()");
         return NULL;
     }
     backward(st->data, st->grad, st->aux);
@@ -218,8 +284,8 @@ nn_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 nn_zero_grad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    State *st = get_state(module);
-    if (st == NULL || !no_args("zero_grad", nargs, 0))
+    State *st;
+    if (!check_nargs("zero_grad", nargs, 0) || (st = claim_state(module)) == NULL)
         return NULL;
     memset(st->grad + PARAM0, 0, sizeof(double) * N_PARAMS);
     Py_RETURN_NONE;
@@ -229,24 +295,29 @@ static PyObject *
 nn_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     double lr;
-    State *st = get_state(module);
-    if (st == NULL || !no_args("update", nargs, 1) || get_lr(args[0], &lr) < 0)
+    State *st;
+    if (!check_nargs("update", nargs, 1) || get_lr("update", args[0], &lr) < 0 ||
+        (st = claim_state(module)) == NULL)
         return NULL;
     apply_update(st, lr, 1.0);
     st->forward_done = 0;
     Py_RETURN_NONE;
 }
 
-/* Copy between a range of an array and a caller's float64 vector. */
+/* Copy between a range of an array and the caller's float64 vector `arg`. */
 static PyObject *
-copy_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs, const char *name,
-           int to_caller, int use_grad, Py_ssize_t first, Py_ssize_t n)
+copy_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs, const char *func,
+           const char *arg, int to_caller, int use_grad, Py_ssize_t first, Py_ssize_t n)
 {
-    State *st = get_state(module);
+    State *st;
     Py_buffer view;
-    if (st == NULL || !no_args(name, nargs, 1) ||
-        get_float64_buffer(args[0], &view, "out", 1, -1, n, to_caller) < 0)
+    if (!check_nargs(func, nargs, 1) ||
+        get_float64_buffer(args[0], &view, func, arg, 1, -1, n, to_caller) < 0)
         return NULL;
+    if ((st = claim_state(module)) == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     double *arr = (use_grad ? st->grad : st->data) + first;
     if (to_caller) {
         memcpy(view.buf, arr, sizeof(double) * n);
@@ -255,7 +326,7 @@ copy_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs, const char
         for (Py_ssize_t i = 0; i < n; i++) {
             if (!isfinite(src[i])) {
                 PyBuffer_Release(&view);
-                PyErr_Format(PyExc_ValueError, "params[%zd] is not finite", i);
+                PyErr_Format(PyExc_ValueError, "%s(): %s[%zd] is not finite", func, arg, i);
                 return NULL;
             }
         }
@@ -270,35 +341,39 @@ copy_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs, const char
 static PyObject *
 nn_read_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return copy_slots(module, args, nargs, "read_params", 1, 0, PARAM0, N_PARAMS);
+    return copy_slots(module, args, nargs, "read_params", "out", 1, 0, PARAM0, N_PARAMS);
 }
 
 static PyObject *
 nn_read_grads(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return copy_slots(module, args, nargs, "read_grads", 1, 1, PARAM0, N_PARAMS);
+    return copy_slots(module, args, nargs, "read_grads", "out", 1, 1, PARAM0, N_PARAMS);
 }
 
 static PyObject *
 nn_write_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return copy_slots(module, args, nargs, "write_params", 0, 0, PARAM0, N_PARAMS);
+    return copy_slots(module, args, nargs, "write_params", "values", 0, 0, PARAM0, N_PARAMS);
 }
 
 static PyObject *
 nn_read_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return copy_slots(module, args, nargs, "read_data", 1, 0, 0, N_SLOTS);
+    return copy_slots(module, args, nargs, "read_data", "out", 1, 0, 0, N_SLOTS);
 }
 
 static PyObject *
 nn_read_outputs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
-    State *st = get_state(module);
-    if (st == NULL || !no_args("read_outputs", nargs, 1) ||
-        get_float64_buffer(args[0], &view, "out", 1, -1, N_OUTPUTS, 1) < 0)
+    State *st;
+    if (!check_nargs("read_outputs", nargs, 1) ||
+        get_float64_buffer(args[0], &view, "read_outputs", "out", 1, -1, N_OUTPUTS, 1) < 0)
         return NULL;
+    if ((st = claim_state(module)) == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     double *out = (double *)view.buf;
     for (Py_ssize_t i = 0; i < N_OUTPUTS; i++)
         out[i] = st->data[OUTPUT_SLOTS[i]];
@@ -315,14 +390,18 @@ nn_train_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     double lr;
     Py_buffer view;
-    State *st = get_state(module);
-    if (st == NULL || !no_args("train_batch", nargs, 2) || get_lr(args[1], &lr) < 0 ||
-        get_float64_buffer(args[0], &view, "X", 2, -1, N_INPUTS, 0) < 0)
+    State *st;
+    if (!check_nargs("train_batch", nargs, 2) || get_lr("train_batch", args[1], &lr) < 0 ||
+        get_float64_buffer(args[0], &view, "train_batch", "X", 2, -1, N_INPUTS, 0) < 0)
         return NULL;
     Py_ssize_t rows = view.shape[0];
     if (rows == 0) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "X has no rows");
+        PyErr_SetString(PyExc_ValueError, "train_batch(): X has no rows");
+        return NULL;
+    }
+    if ((st = claim_state(module)) == NULL) {
+        PyBuffer_Release(&view);
         return NULL;
     }
     const double *X = (const double *)view.buf;
@@ -350,11 +429,16 @@ static PyObject *
 nn_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer xv, ov;
-    State *st = get_state(module);
-    if (st == NULL || !no_args("predict", nargs, 2) ||
-        get_float64_buffer(args[0], &xv, "X", 2, -1, N_INPUTS, 0) < 0)
+    State *st;
+    if (!check_nargs("predict", nargs, 2) ||
+        get_float64_buffer(args[0], &xv, "predict", "X", 2, -1, N_INPUTS, 0) < 0)
         return NULL;
-    if (get_float64_buffer(args[1], &ov, "out", 2, xv.shape[0], N_OUTPUTS, 1) < 0) {
+    if (get_float64_buffer(args[1], &ov, "predict", "out", 2, xv.shape[0], N_OUTPUTS, 1) < 0) {
+        PyBuffer_Release(&xv);
+        return NULL;
+    }
+    if ((st = claim_state(module)) == NULL) {
+        PyBuffer_Release(&ov);
         PyBuffer_Release(&xv);
         return NULL;
     }
@@ -371,7 +455,8 @@ nn_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_END_ALLOW_THREADS
     st->busy = 0;
-    st->forward_done = rows > 0;
+    if (rows > 0)
+        st->forward_done = 1;
     PyBuffer_Release(&ov);
     PyBuffer_Release(&xv);
     Py_RETURN_NONE;
