@@ -27,7 +27,7 @@ __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op',
 
 
 def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=None,
-            native=False, vectorize=True, timeout=DEFAULT_TIMEOUT):
+            native=False, vectorize=True, timeout=DEFAULT_TIMEOUT, include_dir=None):
     """Trace the graph of ``loss`` once and build it into a ``CompiledModel``.
 
     ``inputs`` are the leaf Values fed by ``set_input`` (or the rows of
@@ -38,12 +38,13 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
     path; default ``$CC`` or the best installed); ``flags`` replaces the
     default flags entirely; otherwise ``opt`` sets the optimisation level
     (default: the fastest for that compiler) and ``native=True`` adds
-    ``-march=native``.
+    ``-march=native``. ``include_dir`` is the folder of ``Python.h`` (default:
+    ``$MICROGRAD_PYTHON_INCLUDE``, else this interpreter's).
     """
+    inputs, params, outputs = list(inputs), list(params), list(outputs)   # generators too
     timings = {}
     t0 = time.perf_counter()
     program = trace(loss, inputs, params, outputs)
-    params = list(params)
     t1 = time.perf_counter()
     timings['trace'] = t1 - t0
     if vectorize:
@@ -55,7 +56,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
     timings['codegen'] = t2 - t1
     toolchain = find_compiler(cc)
     flags = list(flags) if flags is not None else default_flags(toolchain, opt, native)
-    build = build_extension(source, toolchain, flags, timeout)
+    build = build_extension(source, toolchain, flags, timeout, include_dir)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2
     try:

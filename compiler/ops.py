@@ -28,7 +28,7 @@ OPS = {
     # d(x^k)/dx = k x^(k-1)
     '**': OpCode(1, 'pow({a}, {k})', ((0, '{ga} += ({k} * pow({a}, {km1})) * {g};'),)),
     # the derivative at 0 is taken as 0
-    'relu': OpCode(1, '{a} < 0 ? 0.0 : {a}', ((0, '{ga} += ({o} > 0) * {g};'),)),
+    'relu': OpCode(1, '{a} < 0.0 ? 0.0 : {a}', ((0, '{ga} += ({o} > 0.0) * {g};'),)),
     # d tanh(x)/dx = 1 - tanh(x)^2
     'tanh': OpCode(1, 'tanh({a})', ((0, '{ga} += (1.0 - {o} * {o}) * {g};'),)),
     'exp': OpCode(1, 'exp({a})', ((0, '{ga} += {o} * {g};'),)),

@@ -181,13 +181,13 @@ def test_emitted_c_is_golden():
         '{',
         '    data[3] = data[0] * data[1];',
         '    data[4] = data[3] + data[2];',
-        '    data[5] = data[4] < 0 ? 0.0 : data[4]; /* relu */',
+        '    data[5] = data[4] < 0.0 ? 0.0 : data[4]; /* relu */',
         '}',
     ]) in source
     assert '\n'.join([
         'backward_0(double *restrict data, double *restrict grad, const double *restrict aux)',
         '{',
-        '    grad[4] += (data[5] > 0) * grad[5];',
+        '    grad[4] += (data[5] > 0.0) * grad[5];',
         '    grad[3] += grad[4];',
         '    grad[1] += data[0] * grad[3];',
         '}',
@@ -259,6 +259,14 @@ def test_a_100000_node_graph_compiles_with_tcc():
     assert same(m.forward(), y.data)
     m.backward()
     assert same(m.grads()[0], w.grad)
+
+
+def test_inputs_and_params_may_be_generators():
+    model, xs, target, logits, loss = xor_graph(seed=1)
+    m = compiler.compile(loss, inputs=iter(xs + target), params=(p for p in model.parameters()),
+                         outputs=iter(logits), cc=COMPILERS[0])
+    np.testing.assert_array_equal(m.params(), [p.data for p in model.parameters()])
+    assert m.n_outputs == 2
 
 
 def test_api_batches_and_buffers():

@@ -319,13 +319,8 @@ def matvec_graph():
     return loss, xs, model.parameters(), out
 
 
-OPS_WITH_RELU_XFAIL = [pytest.param(op, marks=pytest.mark.xfail(
-    strict=True, reason="compiler/ops.py compares relu with an integer 0 ('{a} < 0', '{o} > 0')"))
-    if op == 'relu' else op for op in OPS]
-
-
 @pytest.mark.parametrize('vectorize', [True, False])
-@pytest.mark.parametrize('op', OPS_WITH_RELU_XFAIL)
+@pytest.mark.parametrize('op', OPS)
 def test_every_kernel_literal_is_an_exact_floating_literal(op, vectorize):
     source = emit(literal_graph(op), vectorize)
     assert kernel_literal_problems(source) == []
@@ -334,9 +329,6 @@ def test_every_kernel_literal_is_an_exact_floating_literal(op, vectorize):
 @pytest.mark.parametrize('vectorize', [True, False])
 def test_lifted_loops_have_only_index_integers(vectorize):
     graph = matvec_graph()
-    for v in nodes_of(graph):
-        if v._op == 'relu':           # the relu snippet's integer 0 is the xfail above
-            v._op = 'tanh'
     source = emit(graph, vectorize)
     assert ('matvec' in source) == vectorize
     assert kernel_literal_problems(source) == []
