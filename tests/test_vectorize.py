@@ -11,7 +11,7 @@ from compiler.vectorize import vectorize
 from micrograd import Value, cross_entropy
 from micrograd.nn import MLP
 
-from differential import COMPILERS, assert_matches_interpreter
+from differential import COMPILERS, assert_matches_interpreter, same
 
 needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
 
@@ -165,8 +165,7 @@ def test_sparse_weight_gradients_stay_exact_for_nonfinite_gradients(cc):
     # only while the row's gradient is finite: log(relu(y)) at y <= 0 makes it
     # inf or nan, and then 0 * inf must still reach the weights as nan
     def build(inputs, params):
-        it = iter(params)
-        ys = [sum((next(it) * x for x in inputs), next(it)) for _ in range(18)]
+        ys = bias_first_layer(inputs, params, 18)
         return sum(y.relu().log() for y in ys), ys
     n_params = 18 * 5
     params = [0.3 * ((i * 7) % 5 - 2) for i in range(n_params)]
@@ -185,8 +184,7 @@ def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
     import math
 
     def build(inputs, params):
-        it = iter(params)
-        ys = [sum((next(it) * x for x in inputs), next(it)) for _ in range(17)]
+        ys = bias_first_layer(inputs, params, 17)
         return sum(y.relu() for y in ys), ys
     params = []
     for r in range(17):
@@ -203,12 +201,10 @@ def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
 def test_an_infinite_weight_turns_off_the_zero_skipping(cc):
     # inf * 0 is nan, so once update() has overflowed a weight, zero inputs
     # may no longer be skipped
-    import math
     import numpy as np
 
     def build(inputs, params):
-        it = iter(params)
-        ys = [sum((next(it) * x for x in inputs), next(it)) for _ in range(17)]
+        ys = bias_first_layer(inputs, params, 17)
         return sum(ys), ys
     params = [0.5] * (17 * 4)
     m = compiler.compile(*_graph(build, 3, params), cc=cc)
@@ -224,7 +220,14 @@ def test_an_infinite_weight_turns_off_the_zero_skipping(cc):
     inputs = [Value(0.0) for _ in range(3)]
     _, ys = build(inputs, [Value(v) for v in p])
     for got, y in zip(m.outputs(), ys):
-        assert got == y.data or (math.isnan(got) and math.isnan(y.data)), (got, y.data)
+        assert same(got, y.data), (got, y.data)
+
+
+def bias_first_layer(inputs, params, rows):
+    """``rows`` neurons by hand; each takes its bias first, then one weight per input
+    (``sum()``'s start is evaluated before its products)."""
+    it = iter(params)
+    return [sum((next(it) * x for x in inputs), next(it)) for _ in range(rows)]
 
 
 def _graph(build, n_inputs, params):
