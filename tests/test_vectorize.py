@@ -235,3 +235,22 @@ def _graph(build, n_inputs, params):
     leaves = [Value(v) for v in params]
     loss, outputs = build(inputs, leaves)
     return loss, inputs, leaves, outputs
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_a_fold_whose_term_has_a_consumer_inside_it_is_not_lifted(cc):
+    # a feeds the chain's first '+' and also u = a * 3, which the chain adds
+    # later; lifting the chain into one Sum would schedule u before it and
+    # swap the order of a's gradient contributions, so the pass must refuse
+    def build(inputs, params):
+        a, b, d = params
+        u = a * 3.0
+        s = ((a + b) + u) + d
+        return s * a * inputs[0], []
+    x, a, b, d = Value(0.0), Value(0.1), Value(0.2), Value(0.3)
+    loss, _ = build([x], [a, b, d])
+    program = compiler.trace(loss, [x], [a, b, d])
+    assert vectorize(program) is program
+    for values in ([0.1, 0.7, 1e-9], [1.3, -2.9, 0.123456789], [3.3, 1e-3, 7.77]):
+        assert_matches_interpreter(build, [[1.1], [0.37]], values, cc)
