@@ -78,7 +78,6 @@ class Emitter:
 
     def __init__(self, program):
         self.program = program
-        self.literal = {s: c_double(v) for s, v in program.constants.items()}
         self.data = [f'data[{s}]' for s in range(program.n_slots)]
         self.grad = [f'grad[{s}]' for s in range(program.n_slots)]
 
@@ -146,7 +145,7 @@ def emit_kernels(program):
     em = Emitter(program)
     flags = needs_grad(program)
     out = ['static void\ninit_constants(double *restrict data)\n{']
-    out.extend(f'    data[{s}] = {em.literal[s]};' for s in program.constants)
+    out.extend(f'    data[{s}] = {c_double(v)};' for s, v in program.constants.items())
     out.append('    (void)data;\n}\n')
 
     out.append('static void\nrefresh_aux(const double *restrict data, double *restrict aux)\n{')

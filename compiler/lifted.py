@@ -95,7 +95,7 @@ class MatVec:
                 f'W=%{self.w0}[{self.rows}x{self.cols}, ld {self.ldw}], '
                 f'x=%{self.x0}..%{self.x0 + self.cols - 1}{heads})')
 
-    def _strided_heads(self, em):
+    def _strided_heads(self):
         """``(first, stride)`` when the head slots are in arithmetic progression."""
         h = self.heads
         stride = h[1] - h[0] if len(h) > 1 else 1
@@ -110,7 +110,7 @@ class MatVec:
                  f'    const double *restrict x = data + {self.x0};',
                  f'    const double *restrict wt = aux + {self.aux0};   /* wt[c * {R} + r] = W[r][c] */']
         c0 = 0
-        strided = self.heads and self._strided_heads(em)
+        strided = self.heads and self._strided_heads()
         if strided:
             lines.append(f'    for (Py_ssize_t r = 0; r < {R}; r++) y[r] = data[{strided[0]} + r * {strided[1]}];')
         elif self.heads:
@@ -189,7 +189,7 @@ class MatVec:
                       *update,
                       '    }']
         if self.heads:
-            strided = self._strided_heads(em)
+            strided = self._strided_heads()
             if strided and all(flags[h] for h in self.heads):
                 lines.append(f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) '
                              f'grad[{strided[0]} + r * {strided[1]}] += gy[r];')

@@ -57,12 +57,13 @@ def vectorize(program):
     reads = {}            # the same -> the old slots it reads
     absorbed = {}         # op index -> representative index
     for layer in layers:
-        rep = max(m for root in layer.roots for m in folds[root][1] + rows[root][2])
+        # a layer absorbs its rows' '+' chains and their products
+        members = [m for root in layer.roots for m in folds[root][1] + rows[root][2]]
+        rep = max(members)
         lifted[rep] = layer.op
         reads[rep] = layer.reads
-        for root in layer.roots:
-            for m in folds[root][1] + rows[root][2]:
-                absorbed[m] = rep
+        for m in members:
+            absorbed[m] = rep
     in_layer = {root for layer in layers for root in layer.roots}
     for root, (terms, members) in folds.items():
         if root in in_layer or len(terms) < MIN_SUM_TERMS:
@@ -75,7 +76,7 @@ def vectorize(program):
         return program
 
     schedule = _schedule(cone, producer, reads, absorbed)
-    if not _same_gradient_order(program, cone, schedule, absorbed, flags, layers):
+    if not _same_gradient_order(cone, schedule, absorbed, flags):
         return program
     return _renumber(program, schedule, lifted, layers)
 
@@ -195,7 +196,7 @@ def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
         return None       # x feeds something else: its gradient order could change
     # the order in which backward reaches the rows: latest product first, and
     # the same order for every column
-    position = [[j for j in rows[root][2]] for root, _ in members]
+    position = [rows[root][2] for root, _ in members]
     bwd_rows = sorted(range(R), key=lambda r: -position[r][0])
     if x_needs_grad:
         for c in range(C):
@@ -258,7 +259,7 @@ def _schedule(cone, producer, reads, absorbed):
     return order
 
 
-def _same_gradient_order(program, cone, schedule, absorbed, flags, layers):
+def _same_gradient_order(cone, schedule, absorbed, flags):
     """Every slot with several consumers gets its gradient contributions in
     the original order (a lifted unit counts as one consumer)."""
     new_pos = {u: k for k, u in enumerate(schedule)}
