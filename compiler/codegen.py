@@ -101,35 +101,44 @@ class Emitter:
 
 
 def emit_forward(program, em):
-    lines = []
+    """The forward statements, and the indices of those that are loops."""
+    lines, loops = [], set()
     for op in program.ops:
         if isinstance(op, Op):
             lines.append(em.scalar_forward(op))
         else:
+            loops.add(len(lines))
             lines.append('\n'.join(op.c_forward(em)))
-    return lines
+    return lines, loops
 
 
 def emit_backward(program, em, flags):
-    """Reverse-mode sweep over the loss's cone, skipping dead gradients."""
-    lines = []
+    """Reverse-mode sweep over the loss's cone, skipping dead gradients: the
+    statements, and the indices of those that are loops."""
+    lines, loops = [], set()
     for op in reversed(program.ops[:program.n_grad_ops]):
         if isinstance(op, Op):
             if flags[op.out]:
                 lines.extend(em.scalar_backward(op, flags))
         elif any(flags[o] for o in op.writes):
+            loops.add(len(lines))
             lines.append('\n'.join(op.c_backward(em, flags)))
-    return lines
+    return lines, loops
 
 
-def _chunked(name, signature, call_args, lines, prologue=()):
-    """``name`` as a function calling ``noinline`` chunks of the statements
-    ``lines`` (a lifted op's block, newlines and all, is one statement)."""
+def _chunked(name, signature, call_args, statements, prologue=()):
+    """``name`` as a function calling ``noinline`` chunks of ``statements``
+    (the lines, and the indices of the loops among them: a lifted op's block,
+    newlines and all, is one statement). A chunk holding a loop is built for
+    several instruction sets (``LOOPS``), the best chosen when it loads."""
+    lines, loops = statements
     out = []
     calls = []
     for n, start in enumerate(range(0, len(lines), CHUNK)):
-        out.append(f'static NOINLINE void\n{name}_{n}({signature})\n{{')
-        out.append('    ' + '\n'.join(lines[start:start + CHUNK]).replace('\n', '\n    '))
+        end = start + CHUNK
+        kind = 'LOOPS' if any(start <= i < end for i in loops) else 'NOINLINE'
+        out.append(f'static {kind} void\n{name}_{n}({signature})\n{{')
+        out.append('    ' + '\n'.join(lines[start:end]).replace('\n', '\n    '))
         out.append('}\n')
         calls.append(f'    {name}_{n}({call_args});')
     out.append(f'static void\n{name}({signature})\n{{')
@@ -154,18 +163,24 @@ def emit_kernels(program):
             out.extend('    ' + line for line in op.c_refresh_aux())
     out.append('    (void)data; (void)aux;\n}\n')
 
-    out.extend(_chunked('forward', 'double *restrict data, const double *restrict aux',
-                        'data, aux', emit_forward(program, em)))
-    zero = [f'memset(grad, 0, sizeof(double) * {program.param_start});',
-            f'memset(grad + {program.param_end}, 0, sizeof(double) * {program.n_slots - program.param_end});',
+    out.extend(_chunked('forward', 'double *restrict data, const double *restrict aux, int *restrict index',
+                        'data, aux, index', emit_forward(program, em)))
+    # only computed values carry gradients besides the parameters
+    leaves = program.n_inputs + program.n_params + len(program.constants)
+    zero = [f'memset(grad + {leaves}, 0, sizeof(double) * {program.n_slots - leaves});',
             f'grad[{program.loss}] = 1.0;']
-    out.extend(_chunked('backward', 'double *restrict data, double *restrict grad, const double *restrict aux',
-                        'data, grad, aux', emit_backward(program, em, flags), prologue=zero))
+    out.extend(_chunked('backward', 'double *restrict data, double *restrict grad, '
+                        'const double *restrict aux, int *restrict index',
+                        'data, grad, aux, index', emit_backward(program, em, flags), prologue=zero))
     return '\n'.join(out)
 
 
 def aux_size(program):
     return sum(getattr(op, 'aux_size', 0) for op in program.ops)
+
+
+def index_size(program):
+    return sum(getattr(op, 'index_size', 0) for op in program.ops)
 
 
 def emit_module(program):
@@ -177,5 +192,5 @@ def emit_module(program):
         generator_version=GENERATOR_VERSION, n_slots=program.n_slots,
         n_inputs=program.n_inputs, param_start=program.param_start,
         n_params=program.n_params, n_outputs=len(program.outputs),
-        n_aux=aux_size(program), loss=program.loss, output_slots=outputs,
+        n_aux=aux_size(program), n_index=index_size(program), loss=program.loss, output_slots=outputs,
         program_hash=digest, kernels=kernels)

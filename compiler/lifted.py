@@ -6,9 +6,10 @@ results equal the scalar program's bit for bit:
 - ``Sum``: ``t0 + t1 + ... + tn``, a left fold, as a chain of ``+`` nodes is.
 - ``MatVec``: ``y[r] = h[r] + W[r][0]*x[0] + ... + W[r][C-1]*x[C-1]`` for every
   row ``r``, each row summed left to right in column order, as the ``+`` chain
-  of a neuron is. The forward loop runs over columns outside and rows inside,
-  reading a transposed copy of ``W`` kept in ``aux``, so that the C compiler
-  vectorizes across independent rows and never reassociates one row's sum.
+  of a neuron is. ``W`` is stored column by column, and the forward loop runs
+  over columns outside and rows inside, so that the C compiler vectorizes
+  across independent rows and never reassociates one row's sum. The weight
+  gradients, one contribution each, are added a column at a time.
 """
 from dataclasses import dataclass
 
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 TERMS_PER_LINE = 32
 # Rows whose running sums a forward loop keeps in registers at once.
 ROW_BLOCK = 16
-# Widest x for which the weight-gradient loop lists x's nonzeros on the stack.
-SPARSE_MAX_COLS = 16384
+# Columns of x tested at once for zeros.
+ZERO_GROUP = 8
 
 
 @dataclass(eq=False)
@@ -57,32 +58,43 @@ class Sum:
 class MatVec:
     """``y[0:R] = heads + W x``.
 
-    ``W[r][c]`` is slot ``w0 + r * ldw + c`` (a parameter), ``x[c]`` is slot
+    ``W`` is stored column by column: ``W[r][c]`` is slot ``wt0 + c * R + r``
+    (parameters, permuted into that order by the pass), so that one column's
+    weights, and their gradients, are contiguous. ``x[c]`` is slot
     ``x0 + c``, ``y[r]`` slot ``y0 + r``. ``heads[r]`` is the slot row ``r``'s
     sum starts from (a bias), or ``heads`` is ``None`` when each row starts
     with its first product. ``bwd_rows`` is the order in which the
     interpreter's backward pass reaches the rows, which decides the order of
-    the contributions to ``grad x``. The transposed copy of ``W`` lives at
-    ``aux[aux0:aux0 + R*C]``.
+    the contributions to ``grad x``. ``aux[aux0]`` says whether every weight
+    is finite; when ``grad_x`` (x needs a gradient), a row-major copy of
+    ``W`` follows at ``aux[aux0 + 1:]``. Forward lists the columns it added
+    at ``index[index0:]``, their count at ``index[index0 + cols]``, and
+    backward adds the weight gradients of those columns.
     """
     y0: int
     rows: int
     cols: int
-    w0: int
-    ldw: int
+    wt0: int
     x0: int
     heads: list
     bwd_rows: list
+    grad_x: bool
     aux0: int = 0
+    index0: int = 0
 
     @property
     def aux_size(self):
-        return self.rows * self.cols + 1     # W transposed, then "W is finite"
+        return 1 + (self.rows * self.cols if self.grad_x else 0)
+
+    @property
+    def index_size(self):
+        """The columns forward added, and their count."""
+        return self.cols + 1
 
     @property
     def reads(self):
-        w = [self.w0 + r * self.ldw + c for r in range(self.rows) for c in range(self.cols)]
-        return w + list(range(self.x0, self.x0 + self.cols)) + list(self.heads or ())
+        return (list(range(self.wt0, self.wt0 + self.rows * self.cols))
+                + list(range(self.x0, self.x0 + self.cols)) + list(self.heads or ()))
 
     @property
     def writes(self):
@@ -91,8 +103,7 @@ class MatVec:
     def __str__(self):
         heads = f', heads={_slot_list(self.heads)}' if self.heads else ''
         ys = f'%{self.y0}' if self.rows == 1 else f'%{self.y0}..%{self.y0 + self.rows - 1}'
-        return (f'{ys} = matvec('
-                f'W=%{self.w0}[{self.rows}x{self.cols}, ld {self.ldw}], '
+        return (f'{ys} = matvec(W=%{self.wt0}[{self.rows}x{self.cols}, by column], '
                 f'x=%{self.x0}..%{self.x0 + self.cols - 1}{heads})')
 
     def _strided_heads(self):
@@ -105,131 +116,145 @@ class MatVec:
 
     def c_forward(self, em):
         R, C = self.rows, self.cols
+        c0 = 0 if self.heads else 1
         lines = [f'{{   /* {self}: each row summed in column order */',
                  f'    double *restrict y = data + {self.y0};',
                  f'    const double *restrict x = data + {self.x0};',
-                 f'    const double *restrict wt = aux + {self.aux0};   /* wt[c * {R} + r] = W[r][c] */']
-        c0 = 0
+                 f'    const double *restrict wt = data + {self.wt0};   /* wt[c * {R} + r] = W[r][c] */',
+                 f'    int *restrict cols = index + {self.index0};   /* the columns added, for backward too */']
         strided = self.heads and self._strided_heads()
         if strided:
-            lines.append(f'    for (Py_ssize_t r = 0; r < {R}; r++) y[r] = data[{strided[0]} + r * {strided[1]}];')
+            lines += [f'    const double *restrict h = data + {strided[0]};',
+                      f'    for (int r = 0; r < {R}; r++) y[r] = h[{_stride(strided[1])}];']
         elif self.heads:
             lines += [f'    y[{r}] = {em.d(h)};' for r, h in enumerate(self.heads)]
         else:
-            lines.append(f'    for (Py_ssize_t r = 0; r < {R}; r++) y[r] = wt[r] * x[0];')
-            c0 = 1
-        if C <= SPARSE_MAX_COLS:
-            # Columns where x[c] == 0 add w * x[c], a signed zero when w is
-            # finite, and y + (±0) == y unless y is -0.0. A sum never becomes
-            # -0.0 from a value that is not -0.0, so while every W entry is
-            # finite and no row starts at -0.0, skipping those columns leaves
-            # every row's sum exactly as it is.
-            lines += [f'    Py_ssize_t cols[{C}], n = 0;',
-                      f'    int skip_zeros = aux[{self.aux0 + R * C}] != 0.0;   /* every W entry is finite */',
-                      f'    for (Py_ssize_t r = 0; r < {R} && skip_zeros; r++)',
-                      '        if (y[r] == 0.0 && signbit(y[r])) skip_zeros = 0;',
-                      f'    for (Py_ssize_t c = {c0}; c < {C}; c++)',
-                      '        if (!skip_zeros || x[c] != 0.0) cols[n++] = c;']
-            columns = ['for (Py_ssize_t k = 0; k < n; k++) {', '    const Py_ssize_t c = cols[k];']
-        else:
-            columns = [f'for (Py_ssize_t c = {c0}; c < {C}; c++) {{']
+            lines.append(f'    for (int r = 0; r < {R}; r++) y[r] = wt[r] * x[0];')
+        # Columns where x[c] == 0 add w * x[c], a signed zero when w is
+        # finite, and y + (±0) == y unless y is -0.0. A sum never becomes -0.0
+        # from a value that is not -0.0, so while every W entry is finite and
+        # no row starts at -0.0, skipping those columns leaves every row's sum
+        # exactly as it is.
+        G = ZERO_GROUP
+        lines += [f'    int skip_zeros = aux[{self.aux0}] != 0.0;   /* every W entry is finite */',
+                  f'    for (int r = 0; r < {R}; r++)',
+                  '        if (y[r] == 0.0 && signbit(y[r])) skip_zeros = 0;',
+                  '    int n = 0;']
+        if c0:
+            lines.append('    cols[n++] = 0;   /* added above */')
+        lines += ['    if (skip_zeros) {',
+                  f'        /* groups of {G} columns: a blank stretch of x costs one test */',
+                  f'        for (int c = {c0}; c < {C}; c += {G}) {{',
+                  f'            const int end = c + {G} < {C} ? c + {G} : {C};',
+                  '            int any = 0;',
+                  '            for (int j = c; j < end; j++) any |= x[j] != 0.0;',
+                  '            if (any)',
+                  '                for (int j = c; j < end; j++) {',
+                  '                    cols[n] = j;',
+                  '                    n += x[j] != 0.0;',
+                  '                }',
+                  '        }',
+                  '    } else {',
+                  f'        for (int c = {c0}; c < {C}; c++) cols[n++] = c;',
+                  '    }',
+                  f'    cols[{C}] = n;']
+        # Blocks of rows whose running sums stay in registers across all columns.
         B = ROW_BLOCK
-        full = R - R % B if B else 0
+        full = R - R % B
         if full:
-            # blocks of B rows: their partial sums stay in registers across all columns
-            lines += [f'    for (Py_ssize_t r0 = 0; r0 < {full}; r0 += {B}) {{',
-                      f'        double acc[{B}];',
-                      f'        for (int k = 0; k < {B}; k++) acc[k] = y[r0 + k];',
-                      *['        ' + s for s in columns],
-                      '            const double xc = x[c];',
-                      f'            const double *restrict w = wt + c * {R} + r0;',
-                      f'            for (int i = 0; i < {B}; i++) acc[i] += w[i] * xc;',
-                      '        }',
-                      f'        for (int k = 0; k < {B}; k++) y[r0 + k] = acc[k];',
-                      '    }']
+            lines += [f'    for (int r0 = 0; r0 < {full}; r0 += {B}) {{', *_row_block('r0', B, c0, R), '    }']
         if full < R:
-            lines += [*['    ' + s for s in columns],
-                      '        const double xc = x[c];',
-                      f'        const double *restrict w = wt + c * {R};',
-                      f'        for (Py_ssize_t r = {full}; r < {R}; r++) y[r] += w[r] * xc;',
-                      '    }']
+            lines += ['    {', *_row_block(full, R - full, c0, R), '    }']
         lines.append('}')
         return lines
 
     def c_backward(self, em, flags):
-        C = self.cols
+        R, C = self.rows, self.cols
         lines = [f'{{   /* backward of {self} */',
                  f'    const double *restrict gy = grad + {self.y0};',
                  f'    const double *restrict x = data + {self.x0};']
-        if flags[self.w0]:
-            # dW[r][c] += x[c] * gy[r], the outer product. A term that is a
-            # signed zero leaves a parameter gradient unchanged (they start at
-            # +0.0, and a sum that does not start at -0.0 never becomes -0.0),
-            # so with finite factors the zeros of x and of gy are skipped: a
-            # ReLU layer's inactive rows and a digit's blank pixels.
-            dense = f'for (Py_ssize_t c = 0; c < {C}; c++) gw[c] += x[c] * g;'
-            if C <= SPARSE_MAX_COLS:
-                lines += [f'    Py_ssize_t nz[{C}], n = 0;',
-                          f'    double xv[{C}];',
-                          '    int x_finite = 1;',
-                          f'    for (Py_ssize_t c = 0; c < {C}; c++) {{',
-                          '        if (x[c] != 0.0) { nz[n] = c; xv[n++] = x[c]; }',
-                          '        if (!isfinite(x[c])) x_finite = 0;',
-                          '    }']
-                update = ['        if (!isfinite(g) || !x_finite) {',
-                          '            ' + dense,
-                          '        } else if (g != 0.0) {',
-                          '            for (Py_ssize_t k = 0; k < n; k++) gw[nz[k]] += xv[k] * g;',
-                          '        }']
-            else:
-                update = ['        ' + dense]
-            lines += [f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) {{',
-                      '        const double g = gy[r];',
-                      f'        double *restrict gw = grad + {self.w0} + r * {self.ldw};',
-                      *update,
+        if flags[self.wt0]:
+            # dW[r][c] += x[c] * gy[r], the outer product: one contribution to
+            # each weight. The columns forward skipped have x[c] == 0: while
+            # every gy is finite they add signed zeros, which leave a parameter
+            # gradient unchanged (they start at +0.0, and a sum that does not
+            # start at -0.0 never becomes -0.0). Otherwise every column counts.
+            lines += [f'    int *restrict cols = index + {self.index0};   /* from forward */',
+                      f'    int n = cols[{C}];',
+                      f'    for (int r = 0; r < {R}; r++) {{',
+                      '        if (!isfinite(gy[r])) {',
+                      f'            for (int c = 0; c < {C}; c++) cols[c] = c;',
+                      f'            n = cols[{C}] = {C};',
+                      '            break;',
+                      '        }',
+                      '    }',
+                      '    for (int k = 0; k < n; k++) {',
+                      '        const double xc = x[cols[k]];',
+                      f'        double *restrict gw = grad + {self.wt0} + cols[k] * {R};',
+                      f'        for (int r = 0; r < {R}; r++) gw[r] += xc * gy[r];',
                       '    }']
         if self.heads:
             strided = self._strided_heads()
             if strided and all(flags[h] for h in self.heads):
-                lines.append(f'    for (Py_ssize_t r = 0; r < {self.rows}; r++) '
-                             f'grad[{strided[0]} + r * {strided[1]}] += gy[r];')
+                lines += [f'    double *restrict gh = grad + {strided[0]};',
+                          f'    for (int r = 0; r < {R}; r++) gh[{_stride(strided[1])}] += gy[r];']
             else:
                 lines += [f'    grad[{h}] += gy[{r}];' for r, h in enumerate(self.heads) if flags[h]]
-        if flags[self.x0]:
-            lines += ["    /* dx[c] += W[r][c] * gy[r], rows in the interpreter's order */",
+        if self.grad_x:
+            lines += ["    /* dx[c] += W[r][c] * gy[r], rows in the interpreter's order, W row by row */",
                       f'    double *restrict gx = grad + {self.x0};',
                       *_row_loop(self.bwd_rows),
                       '        const double g = gy[r];',
-                      f'        const double *restrict w = data + {self.w0} + r * {self.ldw};',
-                      f'        for (Py_ssize_t c = 0; c < {C}; c++) gx[c] += w[c] * g;',
+                      f'        const double *restrict w = aux + {self.aux0 + 1} + r * {C};',
+                      f'        for (int c = 0; c < {C}; c++) gx[c] += w[c] * g;',
                       '    }']
         lines.append('}')
         return lines
 
     def c_refresh_aux(self):
         R, C = self.rows, self.cols
-        return [f'aux[{self.aux0 + R * C}] = 1.0;   /* W of {self} is finite */',
-                f'for (Py_ssize_t r = 0; r < {R}; r++)   /* transpose W */',
-                f'    for (Py_ssize_t c = 0; c < {C}; c++) {{',
-                f'        const double w = data[{self.w0} + r * {self.ldw} + c];',
-                f'        aux[{self.aux0} + c * {R} + r] = w;',
-                f'        if (!isfinite(w)) aux[{self.aux0 + R * C}] = 0.0;',
+        copy = [f'        aux[{self.aux0 + 1} + r * {C} + c] = w;   /* W row by row */'] if self.grad_x else []
+        return [f'aux[{self.aux0}] = 1.0;   /* every W entry of {self} is finite */',
+                f'for (int c = 0; c < {C}; c++)',
+                f'    for (int r = 0; r < {R}; r++) {{',
+                f'        const double w = data[{self.wt0} + c * {R} + r];',
+                *copy,
+                f'        if (!isfinite(w)) aux[{self.aux0}] = 0.0;',
                 '    }']
+
+
+def _row_block(r0, size, c0, R):
+    """The forward loop over the listed columns for the ``size`` rows from ``r0``."""
+    return [f'        double acc[{size}];',
+            f'        for (int i = 0; i < {size}; i++) acc[i] = y[{r0} + i];',
+            f'        for (int k = {c0}; k < n; k++) {{',
+            '            const double xc = x[cols[k]];',
+            f'            const double *restrict w = wt + cols[k] * {R} + {r0};',
+            f'            for (int i = 0; i < {size}; i++) acc[i] += w[i] * xc;',
+            '        }',
+            f'        for (int i = 0; i < {size}; i++) y[{r0} + i] = acc[i];']
+
+
+def _stride(stride):
+    """The C index of row ``r`` at ``stride``."""
+    return 'r' if stride == 1 else f'r * {stride}'
 
 
 def _row_loop(order):
     """A C loop header binding ``r`` to the rows in ``order``."""
     n = len(order)
     if list(order) == list(range(n - 1, -1, -1)):
-        return [f'    for (Py_ssize_t r = {n - 1}; r >= 0; r--) {{']
+        return [f'    for (int r = {n - 1}; r >= 0; r--) {{']
     if list(order) == list(range(n)):
-        return [f'    for (Py_ssize_t r = 0; r < {n}; r++) {{']
+        return [f'    for (int r = 0; r < {n}; r++) {{']
     return [f'    static const int order[{n}] = {{{", ".join(map(str, order))}}};',
-            f'    for (Py_ssize_t k = 0; k < {n}; k++) {{',
-            '        const Py_ssize_t r = order[k];']
+            f'    for (int k = 0; k < {n}; k++) {{',
+            '        const int r = order[k];']
 
 
 def _slot_list(slots):
-    if len(slots) > 1 and all(slots[r] == slots[0] + r * (slots[1] - slots[0]) for r in range(len(slots))):
-        return f'%{slots[0]}+{slots[1] - slots[0]}r'
+    """``%a..%b`` for a range, ``%a+sr`` for slots ``s`` apart, else each slot."""
+    step = slots[1] - slots[0] if len(slots) > 1 else None
+    if step and all(s == slots[0] + r * step for r, s in enumerate(slots)):
+        return f'%{slots[0]}..%{slots[-1]}' if step == 1 else f'%{slots[0]}+{step}r'
     return '[' + ', '.join(f'%{s}' for s in slots) + ']'

@@ -13,6 +13,10 @@ class CompiledModel:
     def __init__(self, module, program, build, timings):
         self.module = module
         self.program = program
+        # where each parameter sits in the module's parameter block (a pass
+        # may have permuted them): position in ``params`` -> offset
+        order = program.param_order
+        self._offsets = None if order is None else np.asarray(order, dtype=np.intp) - program.param_start
         self.build = build
         self.timings = timings      # seconds: trace, passes, codegen, compile, load
         self.set_input = module.set_input
@@ -40,14 +44,17 @@ class CompiledModel:
         return out
 
     def params(self):
-        out = np.empty(self.n_params)
-        self.module.read_params(out)
-        return out
+        """The parameters, in ``params`` order (float64)."""
+        return self._in_params_order(self.module.read_params)
 
     def grads(self):
-        out = np.empty(self.n_params)
-        self.module.read_grads(out)
-        return out
+        """The parameters' gradients, in ``params`` order (float64)."""
+        return self._in_params_order(self.module.read_grads)
+
+    def _in_params_order(self, read):
+        block = np.empty(self.n_params)
+        read(block)
+        return block if self._offsets is None else block[self._offsets]
 
     def set_params(self, values):
         """Set the parameters (in ``params`` order) from a sequence or array of
@@ -60,7 +67,15 @@ class CompiledModel:
             raise TypeError(f"set_params(): values must be real numbers, got an array of dtype {values.dtype}")
         if values.shape != (self.n_params,):
             raise ValueError(f"set_params(): values must have shape ({self.n_params},), got {values.shape}")
-        self.module.write_params(np.ascontiguousarray(values, dtype=np.float64))
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(f"set_params(): values[{bad[0]}] is not finite ({values[bad[0]]!r})")
+        if self._offsets is not None:
+            block = np.empty(self.n_params)
+            block[self._offsets] = values
+            values = block
+        self.module.write_params(values)
 
     def train_batch(self, X, lr):
         """One SGD step on the mean gradient over the rows of ``X``; returns the mean loss.

@@ -1,7 +1,8 @@
 """The compiler's IR: a flat list of ops over dense integer slots.
 
-Slot layout: inputs ``[0, n_inputs)``, then parameters, then constants, then
-one slot per computed value. Every op writes one slot (or one contiguous block,
+Slot layout: inputs ``[0, n_inputs)``, then parameters (in ``params`` order,
+unless a pass permuted them: ``param_order``), then constants, then one slot
+per computed value. Every op writes one slot (or one contiguous block,
 for the lifted ops of ``compiler/vectorize.py``) from slots written earlier.
 The first ``n_grad_ops`` ops are the loss's cone, the ones ``backward`` walks;
 the rest compute extra ``outputs`` only.
@@ -44,6 +45,7 @@ class Program:
     outputs: tuple
     passes: tuple = field(default=())
     slot_map: list = None    # after a renumbering pass: old slot -> new slot (None: eliminated)
+    param_order: tuple = None   # the slot of each parameter, in ``params`` order (None: in order)
 
     @property
     def param_start(self):
@@ -52,6 +54,12 @@ class Program:
     @property
     def param_end(self):
         return self.n_inputs + self.n_params
+
+    @property
+    def param_slots(self):
+        """The slot of each parameter, in ``params`` order: a permutation of
+        ``[param_start, param_end)``."""
+        return self.param_order or range(self.param_start, self.param_end)
 
     def __str__(self):
         lines = [f'program: {self.n_slots} slots, {len(self.ops)} ops'

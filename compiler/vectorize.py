@@ -6,9 +6,11 @@ products from a scalar ``Program``, keeping its results bit for bit.
 2. Rows: a fold whose terms are an optional head followed by products
    ``a * b`` (each used once) is a dot product with a head (a bias).
 3. Layers: rows whose products share one side, in the same order (the
-   vector ``x``), and whose other sides are parameters laid out as a strided
-   matrix ``W``, become one ``MatVec``. Slots are renumbered so that ``x`` and
-   the outputs ``y`` are contiguous.
+   vector ``x``), and whose other sides are parameters used once (the matrix
+   ``W``), become one ``MatVec``. Slots are renumbered so that ``x`` and the
+   outputs ``y`` are contiguous, and parameters are permuted so that each
+   ``W`` is one block, column by column (``Program.param_order`` records
+   where each parameter went).
 4. Everything else stays as scalar ops; other folds become ``Sum`` ops.
 
 Exactness: a lifted op performs the same roundings in the same order as the
@@ -60,7 +62,7 @@ def vectorize(program):
         # a layer absorbs its rows' '+' chains and their products
         members = [m for root in layer.roots for m in folds[root][1] + rows[root][2]]
         rep = max(members)
-        lifted[rep] = layer.op
+        lifted[rep] = layer
         reads[rep] = layer.reads
         for m in members:
             absorbed[m] = rep
@@ -133,20 +135,35 @@ def _as_row(terms, cone, producer, uses):
 # -- 3. layers -------------------------------------------------------------------
 
 class _Layer:
-    """A ``MatVec`` in the old numbering: ``op`` with the slots it reads and writes
-    listed explicitly (its ``x`` and ``y`` become contiguous only when renumbered)."""
+    """A layer in the old numbering: its rows' slots, listed explicitly. It
+    becomes a ``MatVec`` when renumbered, which makes ``x`` and ``y``
+    contiguous and lays ``W`` out column by column."""
 
-    def __init__(self, op, roots, vector, weights, heads, y_slots, leaves):
-        self.op, self.roots, self.y_slots = op, roots, y_slots
+    def __init__(self, roots, vector, weights, heads, y_slots, bwd_rows, grad_x, leaves):
+        self.roots, self.vector, self.weights, self.heads = roots, vector, weights, heads
+        self.y_slots, self.bwd_rows, self.grad_x = y_slots, bwd_rows, grad_x
         self.x_slots = list(vector) if vector[0] >= leaves else None   # computed: to renumber
-        self.reads = list(weights) + list(vector) + [h for h in heads if h is not None]
+        self.reads = [s for row in weights for s in row] + list(vector) + [h for h in heads if h is not None]
+
+    def columns(self):
+        """The weight slots column by column: the order of the renumbered block."""
+        return [row[c] for c in range(len(self.vector)) for row in self.weights]
+
+    def matvec(self, new, aux0, index0):
+        R, C = len(self.weights), len(self.vector)
+        wt0 = new[self.weights[0][0]]
+        assert all(new[s] == wt0 + k for k, s in enumerate(self.columns())), "W is not one block"
+        heads = None if self.heads[0] is None else [new[h] for h in self.heads]
+        return MatVec(y0=new[self.y_slots[0]], rows=R, cols=C, wt0=wt0, x0=new[self.vector[0]],
+                      heads=heads, bwd_rows=self.bwd_rows, grad_x=self.grad_x, aux0=aux0,
+                      index0=index0)
 
 
 def _group_layers(rows, program, cone, producer, uses, flags):
     """Group rows sharing their vector operand into ``MatVec`` layers."""
     def is_param_row(slots):
-        return (program.param_start <= slots[0] and slots[-1] < program.param_end
-                and all(s == slots[0] + c for c, s in enumerate(slots)))
+        # any parameters: the renumbering lays them out as W's columns
+        return all(program.param_start <= s < program.param_end for s in slots)
 
     candidates = defaultdict(list)   # vector slots -> [(root, weight slots)]
     for root, (head, pairs, _) in rows.items():
@@ -174,22 +191,17 @@ def _group_layers(rows, program, cone, producer, uses, flags):
 def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
     members.sort(key=lambda m: m[1][0])        # rows in the weights' order
     R, C = len(members), len(vector)
-    w0 = members[0][1][0]
-    ldw = members[1][1][0] - w0 if R > 1 else C
-    if ldw < C or any(w[0] != w0 + r * ldw for r, (_, w) in enumerate(members)):
-        return None
     if len(set(vector)) != C:
         return None
     weights = [s for _, w in members for s in w]
-    if any(uses[s] != 1 for s in weights):
+    if any(uses[s] != 1 for s in weights):     # so each weight is in one row, once
         return None
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
         return None
+    operands = set(vector).union(weights)
     for h in heads:
-        if h is not None and flags[h] and uses[h] != 1:
-            return None
-        if h is not None and (h in set(vector) or h in set(weights)):
+        if h is not None and (flags[h] and uses[h] != 1 or h in operands):
             return None
     x_needs_grad = any(flags[s] for s in vector)
     if x_needs_grad and any(uses[s] != R for s in vector):
@@ -208,9 +220,8 @@ def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
         return None       # x must be contiguous leaves, or computed slots we can renumber
     roots = [root for root, _ in members]
     y_slots = [cone[root].out for root in roots]
-    op = MatVec(y0=y_slots[0], rows=R, cols=C, w0=w0, ldw=ldw, x0=vector[0],
-                heads=None if heads[0] is None else heads, bwd_rows=bwd_rows)
-    return _Layer(op, roots, vector, weights, heads, y_slots, leaves)
+    return _Layer(roots, vector, [w for _, w in members], heads, y_slots, bwd_rows,
+                  x_needs_grad, leaves)
 
 
 def _claim_blocks(blocks, layer):
@@ -279,44 +290,57 @@ def _same_gradient_order(cone, schedule, absorbed, flags):
 # -- 5. renumber -------------------------------------------------------------------
 
 def _renumber(program, schedule, lifted, layers):
+    """The lifted program over new slots: each layer's ``x`` and ``y`` become
+    contiguous, and the parameters are permuted so that each layer's ``W`` is
+    one block, column by column, followed by its heads where they are
+    parameters of their own. Inputs and constants keep their slots."""
     leaves = _n_leaves(program)
-    new = list(range(leaves)) + [None] * (program.n_slots - leaves)
-    nxt = leaves
+    new = [None] * program.n_slots
+    new[:program.n_inputs] = range(program.n_inputs)
+    new[program.param_end:leaves] = range(program.param_end, leaves)
+    nxt = program.param_start
 
     def place(block):
         nonlocal nxt
-        if new[block[0]] is not None:
-            return
         for s in block:
-            new[s] = nxt
-            nxt += 1
+            if new[s] is None:
+                new[s] = nxt
+                nxt += 1
+    starts = {layer.weights[0][0]: layer for layer in layers}
+    for s in range(program.param_start, program.param_end):
+        layer = starts.get(s)
+        if layer is not None:
+            place(layer.columns())
+            heads = layer.heads
+            if heads[0] is not None and len(set(heads)) == len(heads) and all(
+                    program.param_start <= h < program.param_end and new[h] is None for h in heads):
+                place(heads)
+        place([s])
+    assert nxt == program.param_end
+
+    nxt = leaves
     for layer in layers:
-        if layer.x_slots:
-            place(layer.x_slots)
+        place(layer.x_slots or ())
         place(layer.y_slots)
     cone = program.ops[:program.n_grad_ops]
     units = [lifted[u] if u in lifted else cone[u] for u in schedule]
     tail = program.ops[program.n_grad_ops:]
     for op in units + tail:
-        if isinstance(op, MatVec):
-            continue        # placed above
-        for s in op.writes:
-            if new[s] is None:
-                new[s] = nxt
-                nxt += 1
+        if not isinstance(op, _Layer):      # a layer's y is placed above
+            place(op.writes)
 
-    ops, aux = [], 0
+    ops, aux, index = [], 0, 0
     for op in units + tail:
         if isinstance(op, Op):
             ops.append(Op(op.name, new[op.out], tuple(new[a] for a in op.args), op.k))
         elif isinstance(op, Sum):
             ops.append(Sum(new[op.out], [new[t] for t in op.terms]))
         else:
-            ops.append(MatVec(y0=new[op.y0], rows=op.rows, cols=op.cols, w0=op.w0, ldw=op.ldw,
-                              x0=new[op.x0], heads=op.heads and [new[h] for h in op.heads],
-                              bwd_rows=op.bwd_rows, aux0=aux))
-            aux += op.aux_size
+            ops.append(op.matvec(new, aux, index))
+            aux += ops[-1].aux_size
+            index += ops[-1].index_size
+    param_slots = tuple(new[s] for s in program.param_slots)
     return Program(n_slots=nxt, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, ops=ops, n_grad_ops=len(units),
                    loss=new[program.loss], outputs=tuple(new[s] for s in program.outputs),
-                   passes=program.passes + ('vectorize',), slot_map=new)
+                   passes=program.passes + ('vectorize',), slot_map=new, param_order=param_slots)

@@ -20,12 +20,28 @@
 #define NOINLINE
 #endif
 
+/* Functions holding the lifted loops are built for AVX-512, AVX2 and the
+ * baseline, and the loader picks the best this CPU runs (an ifunc): the
+ * module stays portable, and wide vectors change no result, since every lane
+ * does the scalar code's IEEE operations (no FMA contraction, no
+ * reassociation). Not needed when the flags already target such a CPU
+ * (-march=native); -DMICROGRAD_NO_CLONES turns it off. A clone cannot be
+ * inlined anyway. ifuncs need glibc. */
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__TINYC__) && !defined(__AVX2__) && \
+    (defined(__clang__) ? __clang_major__ >= 14 : defined(__GNUC__) && __GNUC__ >= 6) && \
+    !defined(MICROGRAD_NO_CLONES)
+#define LOOPS __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LOOPS NOINLINE
+#endif
+
 #define N_SLOTS ${n_slots}
 #define N_INPUTS ${n_inputs}
 #define PARAM0 ${param_start}
 #define N_PARAMS ${n_params}
 #define N_OUTPUTS ${n_outputs}
 #define N_AUX ${n_aux}
+#define N_INDEX ${n_index}
 #define LOSS ${loss}
 
 static const Py_ssize_t OUTPUT_SLOTS[] = {${output_slots}};
@@ -40,6 +56,7 @@ typedef struct {
     double *data;   /* N_SLOTS values */
     double *grad;   /* N_SLOTS gradients */
     double *aux;    /* N_AUX scratch values derived from the parameters */
+    int *index;     /* N_INDEX scratch indices: what forward found for backward */
     int forward_done;  /* backward() needs the values of a forward() */
     int busy;          /* a call that released the GIL is running */
 } State;
@@ -260,7 +277,7 @@ nn_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     State *st;
     if (!check_nargs("forward", nargs, 0) || (st = claim_state(module)) == NULL)
         return NULL;
-    forward(st->data, st->aux);
+    forward(st->data, st->aux, st->index);
     st->forward_done = 1;
     return PyFloat_FromDouble(st->data[LOSS]);
 }
@@ -277,7 +294,7 @@ nn_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "set_input(), set_params(), update() or train_batch()");
         return NULL;
     }
-    backward(st->data, st->grad, st->aux);
+    backward(st->data, st->grad, st->aux, st->index);
     Py_RETURN_NONE;
 }
 
@@ -411,9 +428,9 @@ nn_train_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     memset(st->grad + PARAM0, 0, sizeof(double) * N_PARAMS);
     for (Py_ssize_t r = 0; r < rows; r++) {
         memcpy(st->data, X + r * N_INPUTS, sizeof(double) * N_INPUTS);
-        forward(st->data, st->aux);
+        forward(st->data, st->aux, st->index);
         total += st->data[LOSS];
-        backward(st->data, st->grad, st->aux);
+        backward(st->data, st->grad, st->aux, st->index);
     }
     apply_update(st, lr, (double)rows);
     Py_END_ALLOW_THREADS
@@ -449,7 +466,7 @@ nn_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows; r++) {
         memcpy(st->data, X + r * N_INPUTS, sizeof(double) * N_INPUTS);
-        forward(st->data, st->aux);
+        forward(st->data, st->aux, st->index);
         for (Py_ssize_t i = 0; i < N_OUTPUTS; i++)
             out[r * N_OUTPUTS + i] = st->data[OUTPUT_SLOTS[i]];
     }
@@ -499,7 +516,8 @@ nn_exec(PyObject *module)
     st->data = (double *)PyMem_Calloc(N_SLOTS, sizeof(double));
     st->grad = (double *)PyMem_Calloc(N_SLOTS, sizeof(double));
     st->aux = (double *)PyMem_Calloc(N_AUX > 0 ? N_AUX : 1, sizeof(double));
-    if (st->data == NULL || st->grad == NULL || st->aux == NULL) {
+    st->index = (int *)PyMem_Calloc(N_INDEX > 0 ? N_INDEX : 1, sizeof(int));
+    if (st->data == NULL || st->grad == NULL || st->aux == NULL || st->index == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -523,7 +541,9 @@ nn_free(void *module)
     PyMem_Free(st->data);
     PyMem_Free(st->grad);
     PyMem_Free(st->aux);
+    PyMem_Free(st->index);
     st->data = st->grad = st->aux = NULL;
+    st->index = NULL;
 }
 
 static PyModuleDef_Slot nn_slots[] = {

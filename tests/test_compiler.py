@@ -177,7 +177,7 @@ def test_emitted_c_is_golden():
     x, w, y = tiny_graph()
     source = compiler.emit_module(compiler.trace(y, [x], [w]))
     assert '\n'.join([
-        'forward_0(double *restrict data, const double *restrict aux)',
+        'forward_0(double *restrict data, const double *restrict aux, int *restrict index)',
         '{',
         '    data[3] = data[0] * data[1];',
         '    data[4] = data[3] + data[2];',
@@ -185,7 +185,7 @@ def test_emitted_c_is_golden():
         '}',
     ]) in source
     assert '\n'.join([
-        'backward_0(double *restrict data, double *restrict grad, const double *restrict aux)',
+        'backward_0(double *restrict data, double *restrict grad, const double *restrict aux, int *restrict index)',
         '{',
         '    grad[4] += (data[5] > 0.0) * grad[5];',
         '    grad[3] += grad[4];',

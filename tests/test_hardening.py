@@ -581,7 +581,7 @@ def test_good_arguments_of_every_kind_are_accepted(small):
     ([[0.0, 1.0], [2.0]], TypeError, ['set_params()', 'sequence of 13 numbers']),
     (np.zeros(14), ValueError, ['set_params()', 'shape (13,)', '(14,)']),
     (np.zeros((1, 13)), ValueError, ['set_params()', '(1, 13)']),
-    ([math.nan] * 13, ValueError, ['write_params()', 'values[0]', 'not finite']),
+    ([math.nan] * 13, ValueError, ['set_params()', 'values[0]', 'not finite']),
 ])
 def test_set_params_refuses_what_is_not_13_finite_reals(small, values, exc, words):
     reset(small)

@@ -32,9 +32,25 @@ def test_the_mnist_graph_becomes_two_matvecs_and_under_2000_lines_of_c():
     model, xs, ys, logits, loss = mnist_graph()
     program = vectorize(compiler.trace(loss, xs + ys, model.parameters(), logits))
     mvs = [op for op in program.ops if isinstance(op, MatVec)]
-    assert [(m.rows, m.cols, m.ldw) for m in mvs] == [(50, 784, 785), (10, 50, 51)]
-    assert 'matvec(W=%794[50x784, ld 785], x=%0..%783, heads=%1578+785r)' in str(program)
+    assert [(m.rows, m.cols) for m in mvs] == [(50, 784), (10, 50)]
+    # each layer's weights are renumbered column by column, its biases after them
+    assert 'matvec(W=%794[50x784, by column], x=%0..%783, heads=%39994..%40043)' in str(program)
     assert len(compiler.emit_module(program).splitlines()) < 2000
+
+
+def test_the_pass_lays_each_weight_matrix_out_by_column_and_keeps_params_order():
+    model, xs, ys, logits, loss = mnist_graph(hidden=3)
+    traced = compiler.trace(loss, xs + ys, model.parameters(), logits)
+    program = vectorize(traced)
+    mv = next(op for op in program.ops if isinstance(op, MatVec))
+    slots = program.param_slots
+    # params: neuron r's 784 weights, then its bias (nn.Neuron's order)
+    for r in range(3):
+        for c in (0, 1, 783):
+            assert slots[r * 785 + c] == mv.wt0 + c * 3 + r
+        assert slots[r * 785 + 784] == mv.heads[r]
+    assert sorted(slots) == list(range(program.param_start, program.param_end))
+    assert traced.param_order is None and list(traced.param_slots) == list(range(794, 794 + len(slots)))
 
 
 def test_a_hand_built_layer_is_recognised_too():
@@ -76,7 +92,7 @@ def test_printed_program_shows_the_lifted_ops():
     model = MLP(2, [2, 1], seed=0)
     loss = model(xs)
     text = str(vectorize(compiler.trace(loss, xs, model.parameters())))
-    assert 'passes: vectorize' in text and 'matvec(W=%2[2x2, ld 3], x=%0..%1, heads=%4+3r)' in text
+    assert 'passes: vectorize' in text and 'matvec(W=%2[2x2, by column], x=%0..%1, heads=%6..%7)' in text
 
 
 # -- differential: random layered graphs, with and without the pass -------------
@@ -254,3 +270,27 @@ def test_a_fold_whose_term_has_a_consumer_inside_it_is_not_lifted(cc):
     assert vectorize(program) is program
     for values in ([0.1, 0.7, 1e-9], [1.3, -2.9, 0.123456789], [3.3, 1e-3, 7.77]):
         assert_matches_interpreter(build, [[1.1], [0.37]], values, cc)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', [cc for cc in COMPILERS if cc != 'tcc'])
+def test_the_baseline_build_of_the_loops_gives_the_same_bits(cc):
+    # Optimizing compilers build the loops for AVX-512, AVX2 and the baseline
+    # and run the best this CPU has; the tests above ran that one. The
+    # baseline (SSE2 on x86-64) must compute the same bits.
+    import numpy as np
+    from compiler.build import default_flags, find_compiler
+
+    def build(inputs, params):
+        ys = bias_first_layer(inputs, params, 19)
+        return sum(y.relu() * (0.1 * k) for k, y in enumerate(ys)), ys
+    n_in = 13
+    params = [0.3 * ((i * 7) % 11 - 5) + 0.01 * i for i in range(19 * (n_in + 1))]
+    samples = [[0.25 * ((i * j) % 5) for j in range(n_in)] for i in range(1, 4)]
+    flags = default_flags(find_compiler(cc)) + ['-DMICROGRAD_NO_CLONES']
+    baseline = assert_matches_interpreter(build, samples, params, cc, flags=flags)
+    assert 'MatVec' in lifted_kinds(baseline.program)
+    best = compiler.compile(*_graph(build, n_in, params), cc=cc)
+    X = np.array([s for s in samples] * 3)
+    assert baseline.train_batch(X, 0.1) == best.train_batch(X, 0.1)
+    assert baseline.params().tobytes() == best.params().tobytes()
