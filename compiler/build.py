@@ -125,6 +125,11 @@ def default_flags(toolchain, opt=None, native=False):
         return ['-shared', '-fPIC']
     flags = [opt or DEFAULT_OPT[toolchain.family], '-shared', '-fPIC',
              '-ffp-contract=off', '-fno-fast-math', '-w']
+    if toolchain.family == 'gcc':
+        # gcc keeps a loop's array of running sums in registers only once it
+        # has unrolled the loop over it, by default up to 16 iterations; the
+        # lifted loops keep up to 64 (compiler/lifted.py, ROW_BLOCK)
+        flags += ['--param=max-completely-peel-times=64', '--param=max-completely-peeled-insns=2000']
     return flags + ['-march=native'] if native else flags
 
 

@@ -7,6 +7,7 @@ import hashlib
 import math
 from string import Template
 
+from compiler.lifted import DEFER_IMAGES
 from compiler.ops import OPS
 from compiler.program import Op
 from templates import read_template
@@ -44,11 +45,12 @@ def needs_grad(program):
     flags = bytearray(program.n_slots)
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     for op in program.ops[:program.n_grad_ops]:
-        for a in op.reads:
-            if flags[a]:
-                for o in op.writes:
-                    flags[o] = 1
-                break
+        if type(op) is Op:
+            if any(map(flags.__getitem__, op.args)):
+                flags[op.out] = 1
+        elif any(map(flags.__getitem__, op.reads)):
+            for o in op.writes:
+                flags[o] = 1
     return flags
 
 
@@ -169,9 +171,17 @@ def emit_kernels(program):
     leaves = program.n_inputs + program.n_params + len(program.constants)
     zero = [f'memset(grad + {leaves}, 0, sizeof(double) * {program.n_slots - leaves});',
             f'grad[{program.loss}] = 1.0;']
-    out.extend(_chunked('backward', 'double *restrict data, double *restrict grad, '
-                        'const double *restrict aux, int *restrict index',
-                        'data, grad, aux, index', emit_backward(program, em, flags), prologue=zero))
+    # slot: -1 adds the weight gradients of lifted layers now; train_batch
+    # passes each image's place among the DEFER_IMAGES it collects for flush
+    out.extend(_chunked('backward', 'double *restrict data, double *restrict grad, const double *restrict aux, '
+                        'int *restrict index, double *restrict defer, int slot',
+                        'data, grad, aux, index, defer, slot', emit_backward(program, em, flags),
+                        prologue=zero))
+    flush = [line for op in program.ops if not isinstance(op, Op) for line in op.c_flush()]
+    out.append(f'static {"LOOPS" if flush else "NOINLINE"} void\n'
+               'flush(double *restrict grad, int *restrict index, double *restrict defer)\n{')
+    out.extend('    ' + line for line in flush)
+    out.append('    (void)grad; (void)index; (void)defer;\n}\n')
     return '\n'.join(out)
 
 
@@ -183,6 +193,10 @@ def index_size(program):
     return sum(getattr(op, 'index_size', 0) for op in program.ops)
 
 
+def defer_size(program):
+    return sum(getattr(op, 'defer_size', 0) for op in program.ops)
+
+
 def emit_module(program):
     """The complete C source of the ``nn`` extension module."""
     kernels = emit_kernels(program)
@@ -192,5 +206,6 @@ def emit_module(program):
         generator_version=GENERATOR_VERSION, n_slots=program.n_slots,
         n_inputs=program.n_inputs, param_start=program.param_start,
         n_params=program.n_params, n_outputs=len(program.outputs),
-        n_aux=aux_size(program), n_index=index_size(program), loss=program.loss, output_slots=outputs,
+        n_aux=aux_size(program), n_index=index_size(program), n_defer=defer_size(program),
+        defer_images=DEFER_IMAGES, loss=program.loss, output_slots=outputs,
         program_hash=digest, kernels=kernels)

@@ -106,6 +106,8 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
 def _real(x, what):
     """``x`` as a float, if it is a real number (numpy scalars included; not a
     bool, a string or anything else ``float()`` would also accept)."""
+    if type(x) is float:       # the common case, without the ABC check below
+        return x
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TraceError(f"{what} must be a real number, not {type(x).__name__} {x!r:.60}")
     try:

@@ -23,7 +23,8 @@ more than one consumer; if any order changed, the pass gives up and returns
 the program unchanged.
 """
 import heapq
-from collections import defaultdict
+from collections import Counter, defaultdict
+from itertools import chain
 
 from compiler.codegen import needs_grad
 from compiler.lifted import MatVec, Sum
@@ -39,12 +40,8 @@ def vectorize(program):
         return program
     cone = program.ops[:program.n_grad_ops]
     producer = {op.out: i for i, op in enumerate(program.ops)}
-    uses = defaultdict(int)
-    for op in program.ops:
-        for a in op.reads:
-            uses[a] += 1
-    for s in (program.loss, *program.outputs):
-        uses[s] += 1        # read from outside the program
+    uses = Counter(chain.from_iterable(op.reads for op in program.ops))
+    uses.update((program.loss, *program.outputs))    # read from outside the program
     flags = needs_grad(program)
 
     folds = _flatten_sums(cone, producer, uses)
@@ -78,7 +75,7 @@ def vectorize(program):
         return program
 
     schedule = _schedule(cone, producer, reads, absorbed)
-    if not _same_gradient_order(cone, schedule, absorbed, flags):
+    if not _same_gradient_order(cone, schedule, absorbed, flags, uses):
         return program
     return _renumber(program, schedule, lifted, layers)
 
@@ -149,14 +146,14 @@ class _Layer:
         """The weight slots column by column: the order of the renumbered block."""
         return [row[c] for c in range(len(self.vector)) for row in self.weights]
 
-    def matvec(self, new, aux0, index0):
+    def matvec(self, new, aux0, index0, defer0):
         R, C = len(self.weights), len(self.vector)
         wt0 = new[self.weights[0][0]]
         assert all(new[s] == wt0 + k for k, s in enumerate(self.columns())), "W is not one block"
         heads = None if self.heads[0] is None else [new[h] for h in self.heads]
         return MatVec(y0=new[self.y_slots[0]], rows=R, cols=C, wt0=wt0, x0=new[self.vector[0]],
                       heads=heads, bwd_rows=self.bwd_rows, grad_x=self.grad_x, aux0=aux0,
-                      index0=index0)
+                      index0=index0, defer0=defer0)
 
 
 def _group_layers(rows, program, cone, producer, uses, flags):
@@ -270,20 +267,20 @@ def _schedule(cone, producer, reads, absorbed):
     return order
 
 
-def _same_gradient_order(cone, schedule, absorbed, flags):
+def _same_gradient_order(cone, schedule, absorbed, flags, uses):
     """Every slot with several consumers gets its gradient contributions in
     the original order (a lifted unit counts as one consumer)."""
+    shared = {a for a, n in uses.items() if n > 1 and flags[a]}
     new_pos = {u: k for k, u in enumerate(schedule)}
     last = {}
     for i, op in enumerate(cone):
-        unit = new_pos[absorbed.get(i, i)]
         for a in op.args:
-            if not flags[a]:
-                continue
-            prev = last.get(a)
-            if prev is not None and unit < prev:
-                return False
-            last[a] = unit
+            if a in shared:
+                unit = new_pos[absorbed.get(i, i)]
+                prev = last.get(a)
+                if prev is not None and unit < prev:
+                    return False
+                last[a] = unit
     return True
 
 
@@ -329,16 +326,17 @@ def _renumber(program, schedule, lifted, layers):
         if not isinstance(op, _Layer):      # a layer's y is placed above
             place(op.writes)
 
-    ops, aux, index = [], 0, 0
+    ops, aux, index, defer = [], 0, 0, 0
     for op in units + tail:
         if isinstance(op, Op):
             ops.append(Op(op.name, new[op.out], tuple(new[a] for a in op.args), op.k))
         elif isinstance(op, Sum):
             ops.append(Sum(new[op.out], [new[t] for t in op.terms]))
         else:
-            ops.append(op.matvec(new, aux, index))
+            ops.append(op.matvec(new, aux, index, defer))
             aux += ops[-1].aux_size
             index += ops[-1].index_size
+            defer += ops[-1].defer_size
     param_slots = tuple(new[s] for s in program.param_slots)
     return Program(n_slots=nxt, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, ops=ops, n_grad_ops=len(units),

@@ -42,6 +42,8 @@
 #define N_OUTPUTS ${n_outputs}
 #define N_AUX ${n_aux}
 #define N_INDEX ${n_index}
+#define N_DEFER ${n_defer}
+#define DEFER_IMAGES ${defer_images}
 #define LOSS ${loss}
 
 static const Py_ssize_t OUTPUT_SLOTS[] = {${output_slots}};
@@ -57,6 +59,7 @@ typedef struct {
     double *grad;   /* N_SLOTS gradients */
     double *aux;    /* N_AUX scratch values derived from the parameters */
     int *index;     /* N_INDEX scratch indices: what forward found for backward */
+    double *defer;  /* N_DEFER: what train_batch's backward records for flush */
     int forward_done;  /* backward() needs the values of a forward() */
     int busy;          /* a call that released the GIL is running */
 } State;
@@ -294,7 +297,7 @@ nn_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "set_input(), set_params(), update() or train_batch()");
         return NULL;
     }
-    backward(st->data, st->grad, st->aux, st->index);
+    backward(st->data, st->grad, st->aux, st->index, st->defer, -1);
     Py_RETURN_NONE;
 }
 
@@ -401,7 +404,9 @@ nn_read_outputs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* train_batch(X, lr): zero the parameter gradients, run forward and backward
  * on every row of X (accumulating the gradients in row order), then take one
  * SGD step with the mean gradient: p -= lr * (grad / rows). Returns the mean
- * loss. The GIL is released while the batch runs. */
+ * loss. The GIL is released while the batch runs. backward records the weight
+ * gradients of lifted layers for up to DEFER_IMAGES rows, and flush adds
+ * them, each weight's in row order: the same sums. */
 static PyObject *
 nn_train_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -426,11 +431,16 @@ nn_train_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     st->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     memset(st->grad + PARAM0, 0, sizeof(double) * N_PARAMS);
+    int slot = 0;
     for (Py_ssize_t r = 0; r < rows; r++) {
         memcpy(st->data, X + r * N_INPUTS, sizeof(double) * N_INPUTS);
         forward(st->data, st->aux, st->index);
         total += st->data[LOSS];
-        backward(st->data, st->grad, st->aux, st->index);
+        backward(st->data, st->grad, st->aux, st->index, st->defer, slot);
+        if (++slot == DEFER_IMAGES || r + 1 == rows) {
+            flush(st->grad, st->index, st->defer);
+            slot = 0;
+        }
     }
     apply_update(st, lr, (double)rows);
     Py_END_ALLOW_THREADS
@@ -517,7 +527,9 @@ nn_exec(PyObject *module)
     st->grad = (double *)PyMem_Calloc(N_SLOTS, sizeof(double));
     st->aux = (double *)PyMem_Calloc(N_AUX > 0 ? N_AUX : 1, sizeof(double));
     st->index = (int *)PyMem_Calloc(N_INDEX > 0 ? N_INDEX : 1, sizeof(int));
-    if (st->data == NULL || st->grad == NULL || st->aux == NULL || st->index == NULL) {
+    st->defer = (double *)PyMem_Calloc(N_DEFER > 0 ? N_DEFER : 1, sizeof(double));
+    if (st->data == NULL || st->grad == NULL || st->aux == NULL || st->index == NULL ||
+        st->defer == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -542,7 +554,8 @@ nn_free(void *module)
     PyMem_Free(st->grad);
     PyMem_Free(st->aux);
     PyMem_Free(st->index);
-    st->data = st->grad = st->aux = NULL;
+    PyMem_Free(st->defer);
+    st->data = st->grad = st->aux = st->defer = NULL;
     st->index = NULL;
 }
 

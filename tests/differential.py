@@ -75,3 +75,29 @@ def first_mismatch(model, loss, inputs, params, outputs):
             operands = ', '.join(f'%{a}={value_of[a].data!r}' for a in op.args)
             return f"first mismatch: {op}  compiled {data[new_slot[op.out]]!r}, interpreter {v.data!r}; operands {operands}"
     return "no slot differs (check the slot layout)"
+
+
+def assert_train_batch_matches_interpreter(build, X, param_values, lr, cc, steps=1, **kwargs):
+    """``train_batch(X, lr)`` ``steps`` times against the interpreter doing the
+    same: every row's gradients accumulated into one set of parameters, row by
+    row, then ``p -= lr * (grad / rows)``. The mean loss and every parameter
+    must be the same bits. Returns the compiled model."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    model = compile_graph(build, X.shape[1], param_values, cc, **kwargs)
+    params = [Value(p) for p in param_values]
+    for step in range(steps):
+        got = model.train_batch(X, lr)
+        for p in params:
+            p.grad = 0.0
+        total = 0.0
+        for row in X.tolist():
+            loss, _ = build([Value(x) for x in row], params)
+            loss.backward()        # accumulates into the shared parameters
+            total += loss.data
+        for p in params:
+            p.data -= lr * (p.grad / len(X))
+        where = f"[{cc}, step {step}]"
+        assert same(got, total / len(X)), f"{where} mean loss {got!r} != interpreter {total / len(X)!r}"
+        for i, (g, p) in enumerate(zip(model.params(), params)):
+            assert same(g, p.data), f"{where} params[{i}] {g!r} != interpreter {p.data!r}"
+    return model

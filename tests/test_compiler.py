@@ -185,7 +185,8 @@ def test_emitted_c_is_golden():
         '}',
     ]) in source
     assert '\n'.join([
-        'backward_0(double *restrict data, double *restrict grad, const double *restrict aux, int *restrict index)',
+        'backward_0(double *restrict data, double *restrict grad, const double *restrict aux, '
+        'int *restrict index, double *restrict defer, int slot)',
         '{',
         '    grad[4] += (data[5] > 0.0) * grad[5];',
         '    grad[3] += grad[4];',

@@ -258,9 +258,12 @@ def kernel_literal_problems(source):
     integers = set()
     for m in INTEGER_VARIABLES.finditer(kernels):
         for part in _drop_balanced(m.group(1), '[', '[', ']').split(','):
-            name = re.match(r'\s*(\w+)', part)
+            # ints and int arrays, in declarations and parameter lists
+            name = re.match(r'\s*(?:int\s+)?(?:\*\s*)?(?:restrict\s+)?(\w+)', part)
             if name:
                 integers.add(name.group(1))
+    integer_test = re.compile(r'\b(?:%s)\s*(?:[=!]=|[<>]=?)\s*\d+\b' % '|'.join(sorted(integers))
+                              if integers else r'(?!)')
     problems = []
     for line in kernels.splitlines():
         if INTEGER_DECLARATION.search(line.strip()):
@@ -274,6 +277,7 @@ def kernel_literal_problems(source):
             if statement.startswith('if ('):
                 rest = _drop_balanced(statement, 'if (', '(', ')')
                 condition, statement = statement[:len(statement) - len(rest)], rest
+                condition = integer_test.sub(' ', condition)    # an integer compared
             target = re.match(r'\s*(\w+)\s*(?:=[^=]|\+=|-=|\+\+|--)', statement)
             if target and target.group(1) in integers:
                 statement = ''     # an integer counter or flag
@@ -343,6 +347,9 @@ def test_the_literal_checker_finds_bad_literals():
     wrap = '/* ---- the program */\n{}\n/* ---- module state */'.format
     assert kernel_literal_problems(wrap('    if (data[3] >= 2) grad[1] += grad[5];'))
     assert kernel_literal_problems(wrap('    int flag = 1;\n    if (data[2] < 0) flag = 0;'))
+    assert kernel_literal_problems(wrap('    int n = 1;\n    if (data[n] > 0) n = 2;'))
+    assert not kernel_literal_problems(wrap('    int n = 1, *restrict count = index;\n'
+                                            '    if (n == 0) count[n] = 0;'))
     assert not kernel_literal_problems(wrap('    int flag = 1;\n    if (data[2] < 0.0) flag = 0;\n'
                                             '    for (Py_ssize_t r = 0; r < 4; r++) y[r + 1] = 1.0;'))
 

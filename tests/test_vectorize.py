@@ -11,7 +11,7 @@ from compiler.vectorize import vectorize
 from micrograd import Value, cross_entropy
 from micrograd.nn import MLP
 
-from differential import COMPILERS, assert_matches_interpreter, same
+from differential import COMPILERS, assert_matches_interpreter, assert_train_batch_matches_interpreter, same
 
 needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
 
@@ -152,25 +152,29 @@ def test_layered_graphs_match_the_interpreter(cc, vectorize_on, shape, data):
     assert_matches_interpreter(layered_builder(shape), samples, params, cc, vectorize=vectorize_on)
 
 
+def mlp_builder(sizes):
+    """An MLP with softmax cross-entropy whose last inputs are a one-hot label."""
+    def build(inputs, params):
+        model = MLP(sizes[0], sizes[1:], seed=0)
+        it = iter(params)
+        for layer in model.layers:
+            for n in layer.neurons:
+                n.w = [next(it) for _ in n.w]
+                n.b = next(it)
+        logits = model(inputs[:sizes[0]])
+        return cross_entropy(logits, inputs[sizes[0]:]), logits
+    return build
+
+
 @needs_cc
 @pytest.mark.parametrize('cc', COMPILERS)
 def test_the_mnist_graph_is_exact_with_the_pass(cc):
     import numpy as np
     ref = MLP(784, [20, 10], seed=0)
     values = [p.data for p in ref.parameters()]
-
-    def build(inputs, params):
-        model = MLP(784, [20, 10], seed=0)
-        it = iter(params)
-        for layer in model.layers:
-            for n in layer.neurons:
-                n.w = [next(it) for _ in n.w]
-                n.b = next(it)
-        logits = model(inputs[:784])
-        return cross_entropy(logits, inputs[784:]), logits
     rng = np.random.default_rng(1)
     samples = [list(rng.random(784)) + [0.0] * 9 + [1.0] for _ in range(2)]
-    m = assert_matches_interpreter(build, samples, values, cc)
+    m = assert_matches_interpreter(mlp_builder([784, 20, 10]), samples, values, cc)
     assert 'MatVec' in lifted_kinds(m.program)
 
 
@@ -180,13 +184,9 @@ def test_sparse_weight_gradients_stay_exact_for_nonfinite_gradients(cc):
     # zero inputs let the weight-gradient loop skip columns, which is exact
     # only while the row's gradient is finite: log(relu(y)) at y <= 0 makes it
     # inf or nan, and then 0 * inf must still reach the weights as nan
-    def build(inputs, params):
-        ys = bias_first_layer(inputs, params, 18)
-        return sum(y.relu().log() for y in ys), ys
-    n_params = 18 * 5
-    params = [0.3 * ((i * 7) % 5 - 2) for i in range(n_params)]
+    params = [0.3 * ((i * 7) % 5 - 2) for i in range(18 * 5)]
     samples = [[0.0, 1.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 0.5]]
-    m = assert_matches_interpreter(build, samples, params, cc)
+    m = assert_matches_interpreter(log_relu_layer, samples, params, cc)
     assert 'MatVec' in lifted_kinds(m.program)
 
 
@@ -237,6 +237,12 @@ def test_an_infinite_weight_turns_off_the_zero_skipping(cc):
     _, ys = build(inputs, [Value(v) for v in p])
     for got, y in zip(m.outputs(), ys):
         assert same(got, y.data), (got, y.data)
+
+
+def log_relu_layer(inputs, params):
+    """18 neurons, then sum(log(relu(y))): inf or nan gradients where y <= 0."""
+    ys = bias_first_layer(inputs, params, 18)
+    return sum(y.relu().log() for y in ys), ys
 
 
 def bias_first_layer(inputs, params, rows):
@@ -294,3 +300,39 @@ def test_the_baseline_build_of_the_loops_gives_the_same_bits(cc):
     X = np.array([s for s in samples] * 3)
     assert baseline.train_batch(X, 0.1) == best.train_batch(X, 0.1)
     assert baseline.params().tobytes() == best.params().tobytes()
+
+
+# -- train_batch: weight gradients recorded per row, added up in row order ------
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_train_batch_over_several_flushes_matches_the_interpreter(cc):
+    # 150 rows: two full collections of DEFER_IMAGES rows and a partial one,
+    # sparse inputs (blank pixels), two steps
+    import numpy as np
+    from compiler.lifted import DEFER_IMAGES
+    sizes = [30, 12, 3]
+    ref = MLP(sizes[0], sizes[1:], seed=0)
+    rng = np.random.default_rng(7)
+    rows = 2 * DEFER_IMAGES + 22
+    pixels = rng.random((rows, sizes[0])) * (rng.random((rows, sizes[0])) < 0.3)
+    labels = np.eye(sizes[-1])[rng.integers(0, sizes[-1], rows)]
+    m = assert_train_batch_matches_interpreter(mlp_builder(sizes), np.hstack([pixels, labels]),
+                                               [p.data for p in ref.parameters()], 0.5, cc, steps=2)
+    assert lifted_kinds(m.program).count('MatVec') == 2
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_train_batch_with_nonfinite_gradients_matches_the_interpreter(cc):
+    # log(relu(y)) at y <= 0 makes a row's gradient inf or nan: then a blank
+    # input's weight gradient is 0 * inf = nan and must be recorded too.
+    # Each neuron takes its bias first; a bias < 0 with weights > 0 makes the
+    # gradient nan on blank rows only, where each weight's gradient must
+    # become 0 * nan = nan, while the other rows' are finite
+    params = []
+    for r in range(18):
+        params += [-0.1, 0.5, 0.25, 0.5, 1.0] if r % 2 else [0.3 * ((r + c) % 5 - 2) for c in range(5)]
+    X = [[1.0, 2.0, 3.0, 0.5]] + [[0.0, 0.0, 0.0, 0.0]] * 70 + [[0.0, 1.0, 0.0, 2.0]]
+    m = assert_train_batch_matches_interpreter(log_relu_layer, X, params, 0.01, cc)
+    assert 'MatVec' in lifted_kinds(m.program)
