@@ -73,7 +73,7 @@ TOOLCHAINS = ('tcc', 'clang', 'gcc')
 ROW_FIELDS = (
     'name', 'kind', 'status', 'note',
     'compile_s', 'images', 'repeats', 'pass_seconds',
-    'images_per_s', 's_per_epoch', 'speedup_vs_torch_per_sample',
+    'images_per_s', 's_per_epoch', 'speedup_vs_torch_per_sample', 'speedup_vs_torch_batched',
     'loss0', 'first_batch_loss', 'trained_loss',
 )
 # Extra keys of a compiled row.
@@ -467,15 +467,21 @@ def _kill_session(pid):
 
 
 def add_ratios(rows):
-    """Speedup of each row over PyTorch per-sample, and its loss0 against the interpreter's."""
-    ref = next((r for r in rows if r['name'] == 'torch per-sample' and r['images_per_s']), None)
-    for r in rows:
-        if ref and r['images_per_s']:
-            r['speedup_vs_torch_per_sample'] = r['images_per_s'] / ref['images_per_s']
+    """Speedup of each row over PyTorch per-sample and over PyTorch batched."""
+    for field, name in (('speedup_vs_torch_per_sample', 'torch per-sample'),
+                        ('speedup_vs_torch_batched', 'torch batched')):
+        ref = next((r for r in rows if r['name'] == name and r['images_per_s']), None)
+        for r in rows:
+            if ref and r['images_per_s']:
+                r[field] = r['images_per_s'] / ref['images_per_s']
 
 
 def fmt(x, spec, empty='–'):
     return empty if x is None else format(x, spec)
+
+
+def ratio(x):
+    return fmt(x, '.3g') + 'x' if x else '–'
 
 
 def table(report):
@@ -496,7 +502,7 @@ def table(report):
     ]
     ref = next((r for r in report['results'] if r['kind'] == 'interpreter'), None)
     head = (f"{'system':<20} {'status':<13} {'C lines':>8} {'compile s':>9} {'cc MB':>6} {'images/s':>10} "
-            f"{'s/epoch':>10} {'vs torch/sample':>15}  {'loss0 - interp':>14}")
+            f"{'s/epoch':>10} {'vs torch/sample':>15} {'vs batched':>10}  {'loss0 - interp':>14}")
     lines += [head, '-' * len(head)]
     for r in report['results']:
         dloss = None
@@ -506,13 +512,13 @@ def table(report):
             f"{r['name']:<20} {r['status']:<13} {fmt(r.get('c_lines'), '8,d'):>8} {fmt(r['compile_s'], '9.2f'):>9} "
             f"{fmt(r.get('compiler_peak_mb'), '6.0f'):>6} {fmt(r['images_per_s'], '10,.0f'):>10} "
             f"{fmt(r['s_per_epoch'], '10,.2f'):>10} "
-            f"{fmt(r['speedup_vs_torch_per_sample'], '.3g') + 'x' if r['speedup_vs_torch_per_sample'] else '–':>15}  "
+            f"{ratio(r['speedup_vs_torch_per_sample']):>15} {ratio(r['speedup_vs_torch_batched']):>10}  "
             f"{fmt(dloss, '14.2g'):>14}")
     notes = [f"  {r['name']}: {r['note']}" for r in report['results'] if r['note']]
     if notes:
         lines += ['', 'notes:'] + notes
-    lines += ['', 's/epoch: 60,000 images extrapolated; vs torch/sample: torch per-sample seconds / '
-              'these seconds (same run);',
+    lines += ['', 's/epoch: 60,000 images extrapolated; vs torch/sample, vs batched: the torch row\'s '
+              'seconds / these seconds (same run);',
               'cc MB: peak memory of the C compiler (– when below the worker\'s own); loss0: loss of image 0 at the initial weights; '
               '-vec: the vectorizing pass.']
     return '\n'.join(lines)

@@ -20,7 +20,7 @@ CONFIG_FIELDS = {'data', 'images', 'batch', 'repeats', 'lr', 'interp_images', 'q
                  'compile_timeout', 'builds', 'model'}
 GRAPH_FIELDS = {'build_s', 'trace_s', 'codegen_s', 'ops', 'slots', 'params', 'c_lines', 'c_bytes'}
 ROW_FIELDS = {'name', 'kind', 'status', 'note', 'compile_s', 'images', 'repeats', 'pass_seconds',
-              'images_per_s', 's_per_epoch', 'speedup_vs_torch_per_sample', 'loss0',
+              'images_per_s', 's_per_epoch', 'speedup_vs_torch_per_sample', 'speedup_vs_torch_batched', 'loss0',
               'first_batch_loss', 'trained_loss'}
 BUILD_FIELDS = {'kwargs', 'toolchain', 'version', 'flags', 'passes', 'trace_s', 'passes_s',
                 'codegen_s', 'load_s', 'c_lines', 'c_bytes', 'compiler_peak_mb'}
@@ -70,6 +70,10 @@ def test_quick_run_reports_every_field(tmp_path):
         assert math.isclose(torch['loss0'], interp['loss0'], rel_tol=1e-12)
         assert tcc['speedup_vs_torch_per_sample'] > 0
         assert torch['speedup_vs_torch_per_sample'] == 1.0
+        batched = rows['torch batched']
+        assert batched['speedup_vs_torch_batched'] == 1.0
+        assert math.isclose(tcc['speedup_vs_torch_batched'],
+                            tcc['images_per_s'] / batched['images_per_s'])
 
 
 def test_build_entries_pass_only_their_own_keywords():
