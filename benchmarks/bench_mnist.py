@@ -63,7 +63,7 @@ BUILDS = {
     'gcc-O2': {'cc': 'gcc', 'opt': '-O2', 'vectorize': False},
     'tcc-vec': {'cc': 'tcc', 'vectorize': True},
     'clang-O2-vec': {'cc': 'clang', 'opt': '-O2', 'vectorize': True},
-    'gcc-O2-vec': {'cc': 'gcc', 'opt': '-O2', 'vectorize': True},
+    'gcc-O3-vec': {'cc': 'gcc', 'opt': '-O3', 'vectorize': True},   # gcc's default level
     'clang-O2-vec-native': {'cc': 'clang', 'opt': '-O2', 'vectorize': True, 'native': True},
 }
 QUICK_BUILDS = ('tcc', 'clang-O0')

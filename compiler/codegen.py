@@ -102,48 +102,74 @@ class Emitter:
                 for i, stmt in _BACKWARD[op.name] if flags[args[i]]]
 
 
-def emit_forward(program, em):
-    """The forward statements, and the indices of those that are loops."""
-    lines, loops = [], set()
+# The kernels' parameters: (C parameter list, the names to pass on).
+FORWARD_PARAMS = ('double *restrict data, const double *restrict aux, int *restrict index',
+                  'data, aux, index')
+# slot: -1 adds the weight gradients of lifted layers at once; train_batch
+# passes each row's place among the DEFER_IMAGES it collects for flush
+BACKWARD_PARAMS = ('double *restrict data, double *restrict grad, const double *restrict aux, '
+                   'int *restrict index, double *restrict defer, int slot',
+                   'data, grad, aux, index, defer, slot')
+
+
+class Loops:
+    """The lifted ops that are loops, each direction its own function, built
+    for several instruction sets (``LOOPS`` in the template): the straight-line
+    code around them is compiled once."""
+
+    def __init__(self):
+        self.functions = []
+        self.names = {}
+
+    def call(self, op, direction, params, body):
+        """A call of ``op``'s ``direction`` (a function with ``params`` and the
+        block ``body``), defining that function."""
+        if op not in self.names:
+            self.names[op] = f'{type(op).__name__.lower()}{len(self.names) + 1}'
+        name = f'{self.names[op]}_{direction}'
+        self.functions.append(f'static LOOPS void\n{name}({params[0]})\n' + '\n'.join(body) + '\n')
+        return f'{name}({params[1]});   /* {op} */'
+
+
+def emit_forward(program, em, loops):
+    lines = []
     for op in program.ops:
         if isinstance(op, Op):
             lines.append(em.scalar_forward(op))
+        elif op.loops:
+            lines.append(loops.call(op, 'forward', FORWARD_PARAMS, op.c_forward(em)))
         else:
-            loops.add(len(lines))
             lines.append('\n'.join(op.c_forward(em)))
-    return lines, loops
+    return lines
 
 
-def emit_backward(program, em, flags):
-    """Reverse-mode sweep over the loss's cone, skipping dead gradients: the
-    statements, and the indices of those that are loops."""
-    lines, loops = [], set()
+def emit_backward(program, em, flags, loops):
+    """Reverse-mode sweep over the loss's cone, skipping dead gradients."""
+    lines = []
     for op in reversed(program.ops[:program.n_grad_ops]):
         if isinstance(op, Op):
             if flags[op.out]:
                 lines.extend(em.scalar_backward(op, flags))
-        elif any(flags[o] for o in op.writes):
-            loops.add(len(lines))
+        elif not any(flags[o] for o in op.writes):
+            continue
+        elif op.loops:
+            lines.append(loops.call(op, 'backward', BACKWARD_PARAMS, op.c_backward(em, flags)))
+        else:
             lines.append('\n'.join(op.c_backward(em, flags)))
-    return lines, loops
+    return lines
 
 
-def _chunked(name, signature, call_args, statements, prologue=()):
-    """``name`` as a function calling ``noinline`` chunks of ``statements``
-    (the lines, and the indices of the loops among them: a lifted op's block,
-    newlines and all, is one statement). A chunk holding a loop is built for
-    several instruction sets (``LOOPS``), the best chosen when it loads."""
-    lines, loops = statements
+def _chunked(name, params, lines, prologue=()):
+    """``name`` as a function calling ``noinline`` chunks of the statements
+    ``lines`` (a lifted op's block, newlines and all, is one statement)."""
     out = []
     calls = []
     for n, start in enumerate(range(0, len(lines), CHUNK)):
-        end = start + CHUNK
-        kind = 'LOOPS' if any(start <= i < end for i in loops) else 'NOINLINE'
-        out.append(f'static {kind} void\n{name}_{n}({signature})\n{{')
-        out.append('    ' + '\n'.join(lines[start:end]).replace('\n', '\n    '))
+        out.append(f'static NOINLINE void\n{name}_{n}({params[0]})\n{{')
+        out.append('    ' + '\n'.join(lines[start:start + CHUNK]).replace('\n', '\n    '))
         out.append('}\n')
-        calls.append(f'    {name}_{n}({call_args});')
-    out.append(f'static void\n{name}({signature})\n{{')
+        calls.append(f'    {name}_{n}({params[1]});')
+    out.append(f'static void\n{name}({params[0]})\n{{')
     out.extend('    ' + line for line in prologue)
     out.extend(calls)
     out.append('    (void)data;')
@@ -152,7 +178,8 @@ def _chunked(name, signature, call_args, statements, prologue=()):
 
 
 def emit_kernels(program):
-    """The C bodies: ``init_constants``, ``refresh_aux``, ``forward``, ``backward``."""
+    """The C bodies: ``init_constants``, ``refresh_aux``, ``forward``,
+    ``backward``, ``flush``, and the loops they call."""
     em = Emitter(program)
     flags = needs_grad(program)
     out = ['static void\ninit_constants(double *restrict data)\n{']
@@ -165,18 +192,16 @@ def emit_kernels(program):
             out.extend('    ' + line for line in op.c_refresh_aux())
     out.append('    (void)data; (void)aux;\n}\n')
 
-    out.extend(_chunked('forward', 'double *restrict data, const double *restrict aux, int *restrict index',
-                        'data, aux, index', emit_forward(program, em)))
+    loops = Loops()
+    forward = emit_forward(program, em, loops)
+    backward = emit_backward(program, em, flags, loops)
+    out.extend(loops.functions)
+    out.extend(_chunked('forward', FORWARD_PARAMS, forward))
     # only computed values carry gradients besides the parameters
     leaves = program.n_inputs + program.n_params + len(program.constants)
     zero = [f'memset(grad + {leaves}, 0, sizeof(double) * {program.n_slots - leaves});',
             f'grad[{program.loss}] = 1.0;']
-    # slot: -1 adds the weight gradients of lifted layers now; train_batch
-    # passes each image's place among the DEFER_IMAGES it collects for flush
-    out.extend(_chunked('backward', 'double *restrict data, double *restrict grad, const double *restrict aux, '
-                        'int *restrict index, double *restrict defer, int slot',
-                        'data, grad, aux, index, defer, slot', emit_backward(program, em, flags),
-                        prologue=zero))
+    out.extend(_chunked('backward', BACKWARD_PARAMS, backward, prologue=zero))
     flush = [line for op in program.ops if not isinstance(op, Op) for line in op.c_flush()]
     out.append(f'static {"LOOPS" if flush else "NOINLINE"} void\n'
                'flush(double *restrict grad, int *restrict index, double *restrict defer)\n{')

@@ -30,6 +30,7 @@ DEFER_IMAGES = 64
 class Sum:
     out: int
     terms: list
+    loops = False          # straight-line C
 
     @property
     def reads(self):
@@ -97,6 +98,7 @@ class MatVec:
     aux0: int = 0
     index0: int = 0
     defer0: int = 0
+    loops = True           # C loops: functions of their own (compiler/codegen.py)
 
     @property
     def aux_size(self):
