@@ -296,3 +296,23 @@ def test_api_batches_and_buffers():
     np.testing.assert_array_equal(m.grads(), 2 * g)   # gradients accumulate until zero_grad
     m.update(0.1)
     np.testing.assert_array_equal(m.params(), p * 2 - 0.1 * (2 * g))
+
+
+@pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
+def test_compile_leaves_the_cyclic_gc_as_it_found_it():
+    # compile() pauses the cyclic collector while it traces; it must come back
+    # on (or stay off) whatever happens
+    import gc
+    a, b = Value(1.0), Value(2.0)
+    assert gc.isenabled()
+    compiler.compile(a * b, [a], [b], cc=COMPILERS[0])
+    assert gc.isenabled()
+    with pytest.raises(compiler.TraceError):
+        compiler.compile(a * b, [a], [b, b], cc=COMPILERS[0])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compiler.compile(a * b, [a], [b], cc=COMPILERS[0])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
