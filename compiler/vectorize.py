@@ -303,7 +303,7 @@ def _renumber(program, schedule, lifted, layers):
             if new[s] is None:
                 new[s] = nxt
                 nxt += 1
-    starts = {layer.weights[0][0]: layer for layer in layers}
+    starts = {min(s for row in layer.weights for s in row): layer for layer in layers}
     for s in range(program.param_start, program.param_end):
         layer = starts.get(s)
         if layer is not None:

@@ -1,5 +1,7 @@
 """The vectorizing pass: what it recognises, what it leaves alone, and that
 every program it produces matches the interpreter bit for bit."""
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -51,6 +53,18 @@ def test_the_pass_lays_each_weight_matrix_out_by_column_and_keeps_params_order()
         assert slots[r * 785 + 784] == mv.heads[r]
     assert sorted(slots) == list(range(program.param_start, program.param_end))
     assert traced.param_order is None and list(traced.param_slots) == list(range(794, 794 + len(slots)))
+
+
+@needs_cc
+def test_a_layer_whose_weights_are_listed_in_any_order_is_lifted_and_exact():
+    # params listed backwards: the pass still lays W out as one block
+    def build(inputs, params):
+        W = [[params[len(params) - 1 - (r * 3 + c)] for c in range(3)] for r in range(4)]
+        ys = [sum((w * x for w, x in zip(row, inputs)), Value(0.0)) for row in W]
+        return sum(y.tanh() for y in ys), ys
+    params = [0.1 * i - 0.5 for i in range(12)]
+    m = assert_matches_interpreter(build, [[0.5, -1.0, 2.0], [0.0, 1.0, 0.0]], params, COMPILERS[0])
+    assert 'MatVec' in lifted_kinds(m.program)
 
 
 def test_a_hand_built_layer_is_recognised_too():
@@ -109,13 +123,19 @@ def layered_graphs(draw):
     bias = draw(st.booleans())
     swap = draw(st.booleans())
     reuse = draw(st.booleans())
-    return sizes, acts, bias, swap, reuse
+    shuffle = draw(st.none() | st.integers(0, 2 ** 16))
+    return sizes, acts, bias, swap, reuse, shuffle
 
 
 def layered_builder(shape):
-    sizes, acts, bias, swap, reuse = shape
+    """The graph of ``shape``; its layers take the parameters in order, or,
+    with a ``shuffle`` seed, in an order shuffled by it."""
+    sizes, acts, bias, swap, reuse, shuffle = shape
 
     def build(inputs, params):
+        params = list(params)
+        if shuffle is not None:
+            random.Random(shuffle).shuffle(params)
         it = iter(params)
         x = list(inputs)
         extra = []
@@ -135,7 +155,7 @@ def layered_builder(shape):
 
 
 def n_params(shape):
-    sizes, _, bias, _, _ = shape
+    sizes, bias = shape[0], shape[2]
     return sum(a * b + (b if bias else 0) for a, b in zip(sizes, sizes[1:]))
 
 
