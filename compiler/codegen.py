@@ -210,16 +210,10 @@ def emit_kernels(program):
     return '\n'.join(out)
 
 
-def aux_size(program):
-    return sum(getattr(op, 'aux_size', 0) for op in program.ops)
-
-
-def index_size(program):
-    return sum(getattr(op, 'index_size', 0) for op in program.ops)
-
-
-def defer_size(program):
-    return sum(getattr(op, 'defer_size', 0) for op in program.ops)
+def scratch_size(program, kind):
+    """The size of the ``kind`` scratch array (``aux``, ``index``, ``defer``):
+    what the lifted ops need of it."""
+    return sum(getattr(op, f'{kind}_size', 0) for op in program.ops)
 
 
 def emit_module(program):
@@ -231,6 +225,7 @@ def emit_module(program):
         generator_version=GENERATOR_VERSION, n_slots=program.n_slots,
         n_inputs=program.n_inputs, param_start=program.param_start,
         n_params=program.n_params, n_outputs=len(program.outputs),
-        n_aux=aux_size(program), n_index=index_size(program), n_defer=defer_size(program),
+        n_aux=scratch_size(program, 'aux'), n_index=scratch_size(program, 'index'),
+        n_defer=scratch_size(program, 'defer'),
         defer_images=DEFER_IMAGES, loss=program.loss, output_slots=outputs,
         program_hash=digest, kernels=kernels)

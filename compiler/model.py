@@ -15,8 +15,7 @@ class CompiledModel:
         self.program = program
         # where each parameter sits in the module's parameter block (a pass
         # may have permuted them): position in ``params`` -> offset
-        order = program.param_order
-        self._offsets = None if order is None else np.asarray(order, dtype=np.intp) - program.param_start
+        self._offsets = np.asarray(program.param_slots, dtype=np.intp) - program.param_start
         self.build = build
         self.timings = timings      # seconds: trace, passes, codegen, compile, load
         self.set_input = module.set_input
@@ -54,7 +53,7 @@ class CompiledModel:
     def _in_params_order(self, read):
         block = np.empty(self.n_params)
         read(block)
-        return block if self._offsets is None else block[self._offsets]
+        return block[self._offsets]
 
     def set_params(self, values):
         """Set the parameters (in ``params`` order) from a sequence or array of
@@ -71,11 +70,9 @@ class CompiledModel:
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             raise ValueError(f"set_params(): values[{bad[0]}] is not finite ({values[bad[0]]!r})")
-        if self._offsets is not None:
-            block = np.empty(self.n_params)
-            block[self._offsets] = values
-            values = block
-        self.module.write_params(values)
+        block = np.empty(self.n_params)
+        block[self._offsets] = values
+        self.module.write_params(block)
 
     def train_batch(self, X, lr):
         """One SGD step on the mean gradient over the rows of ``X``; returns the mean loss.
