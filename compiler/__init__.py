@@ -4,9 +4,11 @@
     m = compiler.compile(loss, inputs=xs, params=model.parameters(), outputs=logits)
     m.set_input(x); m.forward(); m.backward(); m.update(0.1)
 
-Stages, one module each: ``trace`` (graph -> ``Program``), ``vectorize``
-(``Program -> Program``), ``codegen`` (``Program`` -> C), ``build``
-(C -> shared object, cached), ``load`` (shared object -> module).
+Stages, in the one direction data flows: ``trace`` (``Value`` graph ->
+``Program``, the IR of ``ir``), ``vectorize`` (a pass, ``Program ->
+Program``), ``codegen`` (``Program`` -> C), ``build`` (C -> shared object,
+cached), ``load`` (shared object -> module). Each stage imports only the
+stages before it.
 """
 import contextlib
 import gc
@@ -17,15 +19,15 @@ from compiler.build import (BuildError, CompileError, CompilerNotFound, CompileT
                             HeadersNotFound, DEFAULT_TIMEOUT, build_extension,
                             default_flags, find_compiler)
 from compiler.codegen import emit_module
+from compiler.ir import MatVec, Op, Program, Sum
 from compiler.load import load_module
 from compiler.model import CompiledModel
-from compiler.program import Op, Program
 from compiler.trace import TraceError, trace
-from compiler.vectorize import vectorize as lift_loops
+from compiler.vectorize import vectorize as _vectorize   # the pass; `vectorize` is compile's switch
 
-__all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op',
-           'BuildError', 'CompileError', 'CompilerNotFound', 'CompileTimeout',
-           'HeadersNotFound', 'TraceError', 'find_compiler', 'lift_loops']
+__all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program',
+           'Op', 'Sum', 'MatVec', 'BuildError', 'CompileError', 'CompilerNotFound',
+           'CompileTimeout', 'HeadersNotFound', 'TraceError', 'find_compiler']
 
 
 def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=None,
@@ -51,7 +53,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         t1 = time.perf_counter()
         timings['trace'] = t1 - t0
         if vectorize:
-            program = lift_loops(program)
+            program = _vectorize(program)
         timings['passes'] = time.perf_counter() - t1
         t1 = time.perf_counter()
         source = emit_module(program)

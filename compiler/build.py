@@ -23,14 +23,15 @@ import functools
 import hashlib
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sysconfig
 import tempfile
 from dataclasses import dataclass
 
-from compiler.codegen import GENERATOR_VERSION
+from compiler.constants import ROW_BLOCK
+from compiler.files import (cache_root, kill_process_group, remove_if_present, sha256_file,
+                            write_atomically)
 
 PREFERRED = ('clang', 'gcc', 'tcc', 'cc')
 INSTALL_HINT = "install one, e.g. 'apt-get install clang tcc' or 'apt-get install gcc'"
@@ -128,8 +129,9 @@ def default_flags(toolchain, opt=None, native=False):
     if toolchain.family == 'gcc':
         # gcc keeps a loop's array of running sums in registers only once it
         # has unrolled the loop over it, by default up to 16 iterations; the
-        # lifted loops keep up to 64 (compiler/lifted.py, ROW_BLOCK)
-        flags += ['--param=max-completely-peel-times=64', '--param=max-completely-peeled-insns=2000']
+        # vector ops' loops keep ROW_BLOCK
+        flags += [f'--param=max-completely-peel-times={ROW_BLOCK}',
+                  '--param=max-completely-peeled-insns=2000']
     return flags + ['-march=native'] if native else flags
 
 
@@ -151,11 +153,8 @@ def cache_dir():
     """The build cache folder, or ``None`` when ``MICROGRAD_CACHE=0`` disables it."""
     if os.environ.get('MICROGRAD_CACHE', '1') in ('0', 'false', 'no', 'off'):
         return None
-    root = os.environ.get('MICROGRAD_CACHE_DIR')
-    default = not root
-    if default:
-        base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-        root = os.path.join(base, 'micrograd-compiler')
+    default = not os.environ.get('MICROGRAD_CACHE_DIR')
+    root = cache_root()
     os.makedirs(root, mode=0o700, exist_ok=True)
     _check_private(root, narrow=default)
     return root
@@ -176,39 +175,17 @@ def _check_private(root, narrow):
 
 
 def build_key(source, toolchain, flags, include_dir=None):
-    """The cache key: a hash of the generator's version, the compiler's path and
-    version, each flag, the Python headers' folder and extension suffix, and
-    the source. Each part is length-prefixed, so no two lists of parts collide."""
+    """The cache key: a hash of the compiler's path and version, each flag, the
+    Python headers' folder and extension suffix, and the source (which names
+    the generator's version). Each part is length-prefixed, so no two lists of
+    parts collide."""
     h = hashlib.sha256()
-    for part in (GENERATOR_VERSION, toolchain.path, toolchain.version, *flags, '--',
+    for part in (toolchain.path, toolchain.version, *flags, '--',
                  python_include(include_dir), sysconfig.get_config_var('EXT_SUFFIX') or '', source):
         data = part.encode('utf-8', 'surrogateescape')
         h.update(len(data).to_bytes(8, 'little'))
         h.update(data)
     return h.hexdigest()[:32]
-
-
-def _sha256_file(path):
-    with open(path, 'rb') as f:
-        return hashlib.file_digest(f, 'sha256').hexdigest()
-
-
-def _write_atomic(path, data):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
-def _remove(path):
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _run_compiler(toolchain, flags, source_path, out_path, timeout, include_dir=None):
@@ -227,21 +204,21 @@ def _run_compiler(toolchain, flags, source_path, out_path, timeout, include_dir=
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_process_group(proc)
         stdout, stderr = proc.communicate()
-        _remove(out_path)
+        remove_if_present(out_path)
         raise CompileTimeout(f"{toolchain.name} did not finish within {timeout:g} s "
                              "(try tcc, a lower optimisation level, or a larger timeout: "
                              "argument timeout=, or $MICROGRAD_CC_TIMEOUT)",
                              cmd=cmd, returncode=proc.returncode, stderr=stderr,
                              source_path=source_path) from None
     except BaseException:
-        _kill_group(proc)     # KeyboardInterrupt: leave no compiler running
+        kill_process_group(proc)     # KeyboardInterrupt: leave no compiler running
         proc.wait()
-        _remove(out_path)
+        remove_if_present(out_path)
         raise
     if proc.returncode != 0 or not os.path.exists(out_path):
-        _remove(out_path)
+        remove_if_present(out_path)
         if 'Python.h' in stderr and ('No such file' in stderr or 'not found' in stderr):
             raise HeadersNotFound(f"{toolchain.name} could not find the Python headers in {include}: "
                                   f"{HEADERS_HINT}", cmd=cmd, returncode=proc.returncode,
@@ -253,13 +230,6 @@ def _run_compiler(toolchain, flags, source_path, out_path, timeout, include_dir=
                            cmd=cmd, returncode=proc.returncode, stderr=stderr or stdout,
                            source_path=source_path)
     return cmd
-
-
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
 
 
 @dataclass
@@ -297,14 +267,14 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_d
         if _verified(so, digest):
             return Build(so, None, True, False, toolchain, flags)
         src = os.path.join(root, key + '.c')
-        _write_atomic(src, source)
+        write_atomically(src, source)
         tmp = os.path.join(root, f'.tmp-{key}-{os.getpid()}.so')
         try:
             cmd = _run_compiler(toolchain, flags, src, tmp, timeout, include_dir)
-            _write_atomic(digest, _sha256_file(tmp))
+            write_atomically(digest, sha256_file(tmp))
             os.replace(tmp, so)
         finally:
-            _remove(tmp)
+            remove_if_present(tmp)
     return Build(so, cmd, False, False, toolchain, flags)
 
 
@@ -313,6 +283,6 @@ def _verified(so, digest):
     try:
         with open(digest) as f:
             expected = f.read().strip()
-        return _sha256_file(so) == expected
+        return sha256_file(so) == expected
     except OSError:
         return False

@@ -2,8 +2,7 @@
 import numbers
 
 from micrograd.engine import Value, topological_order
-from compiler.ops import OPS
-from compiler.program import Op, Program
+from compiler.ir import SCALAR_OPS, Op, Program
 
 
 class TraceError(TypeError):
@@ -81,13 +80,13 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
     n = len(slot)
     for v in computed:
         name, prev = v._op, v._prev
-        code = OPS.get(name) if type(name) is str else None
-        if code is None:
-            raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(OPS)}")
-        if len(prev) != code.arity:
-            raise TraceError(f"op {name!r} has {len(prev)} operands, expected {code.arity}")
+        info = SCALAR_OPS.get(name) if type(name) is str else None
+        if info is None:
+            raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(SCALAR_OPS)}")
+        if len(prev) != info.arity:
+            raise TraceError(f"op {name!r} has {len(prev)} operands, expected {info.arity}")
         k = None
-        if name == '**':
+        if info.has_k:
             k = _real(v._arg, "the exponent of '**'")
         try:
             args = tuple([slot[c] for c in prev])

@@ -26,9 +26,7 @@ import heapq
 from collections import Counter, defaultdict
 from itertools import chain
 
-from compiler.codegen import needs_grad
-from compiler.lifted import MatVec, Sum
-from compiler.program import Op, Program
+from compiler.ir import MatVec, Op, Program, Sum, needs_grad
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -78,11 +76,6 @@ def vectorize(program):
     if not _same_gradient_order(cone, schedule, absorbed, flags, uses):
         return program
     return _renumber(program, schedule, lifted, layers)
-
-
-def _n_leaves(program):
-    """Inputs, parameters and constants come first: slots below this are leaves."""
-    return program.n_inputs + program.n_params + len(program.constants)
 
 
 # -- 1. flatten ------------------------------------------------------------------
@@ -146,14 +139,13 @@ class _Layer:
         """The weight slots column by column: the order of the renumbered block."""
         return [row[c] for c in range(len(self.vector)) for row in self.weights]
 
-    def matvec(self, new, aux0, index0, defer0):
+    def matvec(self, new):
         R, C = len(self.weights), len(self.vector)
         wt0 = new[self.weights[0][0]]
         assert all(new[s] == wt0 + k for k, s in enumerate(self.columns())), "W is not one block"
         heads = None if self.heads[0] is None else [new[h] for h in self.heads]
         return MatVec(y0=new[self.y_slots[0]], rows=R, cols=C, wt0=wt0, x0=new[self.vector[0]],
-                      heads=heads, bwd_rows=self.bwd_rows, grad_x=self.grad_x, aux0=aux0,
-                      index0=index0, defer0=defer0)
+                      heads=heads, bwd_rows=self.bwd_rows, grad_x=self.grad_x)
 
 
 def _group_layers(rows, program, cone, producer, uses, flags):
@@ -211,7 +203,7 @@ def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
         for c in range(C):
             if any(position[bwd_rows[k]][c] < position[bwd_rows[k + 1]][c] for k in range(R - 1)):
                 return None
-    leaves = _n_leaves(program)
+    leaves = program.n_leaves
     if not (all(s < leaves for s in vector) and all(s == vector[0] + c for c, s in enumerate(vector))
             or all(s >= leaves for s in vector)):
         return None       # x must be contiguous leaves, or computed slots we can renumber
@@ -291,7 +283,7 @@ def _renumber(program, schedule, lifted, layers):
     contiguous, and the parameters are permuted so that each layer's ``W`` is
     one block, column by column, followed by its heads where they are
     parameters of their own. Inputs and constants keep their slots."""
-    leaves = _n_leaves(program)
+    leaves = program.n_leaves
     new = [None] * program.n_slots
     new[:program.n_inputs] = range(program.n_inputs)
     new[program.param_end:leaves] = range(program.param_end, leaves)
@@ -326,17 +318,14 @@ def _renumber(program, schedule, lifted, layers):
         if not isinstance(op, _Layer):      # a layer's y is placed above
             place(op.writes)
 
-    ops, aux, index, defer = [], 0, 0, 0
+    ops = []
     for op in units + tail:
         if isinstance(op, Op):
             ops.append(Op(op.name, new[op.out], tuple(new[a] for a in op.args), op.k))
         elif isinstance(op, Sum):
             ops.append(Sum(new[op.out], [new[t] for t in op.terms]))
         else:
-            ops.append(op.matvec(new, aux, index, defer))
-            aux += ops[-1].aux_size
-            index += ops[-1].index_size
-            defer += ops[-1].defer_size
+            ops.append(op.matvec(new))
     param_slots = tuple(new[s] for s in program.param_slots)
     return Program(n_slots=nxt, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, ops=ops, n_grad_ops=len(units),

@@ -4,6 +4,9 @@ import tempfile
 
 import pytest
 
+from tests.differential import FAST_CC
+from tests.graphs import compile_small
+
 
 @pytest.fixture(autouse=True, scope='session')
 def private_build_cache():
@@ -15,3 +18,8 @@ def private_build_cache():
             os.environ.pop('MICROGRAD_CACHE_DIR', None)
         else:
             os.environ['MICROGRAD_CACHE_DIR'] = old
+
+
+@pytest.fixture(scope='module')
+def small():
+    return compile_small(FAST_CC)

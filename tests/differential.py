@@ -6,12 +6,16 @@ import shutil
 import struct
 
 import numpy as np
+import pytest
 
 import compiler
 from compiler.trace import trace_with_slots
 from micrograd import Value
 
 COMPILERS = [cc for cc in ('tcc', 'clang', 'gcc') if shutil.which(cc)]
+# the quickest to build with, for tests about something other than a compiler
+FAST_CC = 'tcc' if 'tcc' in COMPILERS else (COMPILERS[0] if COMPILERS else None)
+needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
 
 
 def same(a, b):

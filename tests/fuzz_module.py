@@ -1,9 +1,9 @@
 """Random call sequences with random arguments against one small compiled module.
 
-A program, not a test: ``tests/test_hardening.py`` runs it in a subprocess, so
-that a crash shows up as the signal that killed it.
+A program, not a test: ``tests/test_module_arguments.py`` runs it in a
+subprocess, so that a crash shows up as the signal that killed it.
 
-    python tests/fuzz_module.py --calls 20000 --seed 1 --cc tcc
+    python -m tests.fuzz_module --calls 20000 --seed 1 --cc tcc
 
 Every entry point of the ``nn`` module is called with good and bad arguments
 (wrong types, lengths, dtypes, shapes, strides, read-only buffers, objects
@@ -26,7 +26,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -35,34 +34,8 @@ from array import array
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import compiler                      # noqa: E402
-import micrograd                     # noqa: E402
-from micrograd import Value          # noqa: E402
-
-
-def small_graph():
-    """Three inputs (two features and a target), 13 parameters, two outputs;
-    every op of the interpreter appears. Returns (loss, inputs, params, outputs)."""
-    rng = random.Random(7)
-    xs = [Value(0.0), Value(0.0)]
-    t = Value(0.0)
-    W = [[Value(rng.uniform(-1, 1)) for _ in xs] for _ in range(3)]
-    b = [Value(rng.uniform(-0.1, 0.1)) for _ in range(3)]
-    v = [Value(rng.uniform(-1, 1)) for _ in range(3)]
-    c = Value(0.1)
-    h = [(sum((w * x for w, x in zip(row, xs)), bias)).tanh() for row, bias in zip(W, b)]
-    y = sum((vi * hi for vi, hi in zip(v, h)), c)
-    loss = ((y - t) ** 2 + 0.1 * micrograd.max(h[0], h[1]).relu()
-            + (h[2].exp() / 2.0) - (y.sigmoid() + 1.0).log() + (-h[0]))
-    params = [p for row in W for p in row] + b + v + [c]
-    return loss, xs + [t], params, [y, h[0]]
-
-
-def compile_small(cc, **kwargs):
-    loss, inputs, params, outputs = small_graph()
-    return compiler.compile(loss, inputs=inputs, params=params, outputs=outputs, cc=cc, **kwargs)
+from tests.graphs import compile_small
 
 
 class ArgError(Exception):

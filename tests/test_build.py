@@ -26,13 +26,10 @@ from compiler.build import (BuildError, CompileError, CompilerNotFound, CompileT
 from compiler.load import load_module
 from micrograd import Value
 
-from differential import COMPILERS
-from fuzz_module import small_graph
+from tests.differential import COMPILERS, FAST_CC, needs_cc
+from tests.graphs import small_graph
 
-FAST_CC = 'tcc' if 'tcc' in COMPILERS else (COMPILERS[0] if COMPILERS else None)
-needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 GCC_VERSION = ('echo "gcc (Fake) 12.2.0"; '
                'echo "Copyright (C) 2022 Free Software Foundation, Inc."; exit 0')
@@ -303,15 +300,19 @@ def test_the_build_key_changes_with_everything_that_decides_the_binary(monkeypat
         'flags split differently': build_key(source, tc, ['-O2 -shared', '-fPIC']),
         'include folder': build_key(source, tc, flags, include_dir='/opt/python3.13/include'),
     }
-    monkeypatch.setattr(build, 'GENERATOR_VERSION', build.GENERATOR_VERSION + '-next')
-    variants['generator version'] = build_key(source, tc, flags)
-    monkeypatch.undo()
     real = sysconfig.get_config_var
     monkeypatch.setattr(build.sysconfig, 'get_config_var',
                         lambda name: '.cpython-313-x86_64-linux-gnu.so' if name == 'EXT_SUFFIX' else real(name))
     variants['extension suffix'] = build_key(source, tc, flags)
     keys = list(variants.values())
     assert base not in keys and len(set(keys)) == len(keys), variants
+
+
+def test_the_generator_version_is_part_of_the_source_and_so_of_the_key():
+    from compiler.codegen import GENERATOR_VERSION
+    loss, inputs, params = tiny()
+    source = compiler.emit_module(compiler.trace(loss, inputs, params))
+    assert f'micrograd-compiler {GENERATOR_VERSION}:' in source
 
 
 @needs_cc
@@ -360,9 +361,8 @@ def test_a_truncated_or_corrupt_cached_object_is_rebuilt(fresh_cache):
 
 BUILDER = textwrap.dedent('''\
     import json, os, sys, time
-    sys.path[:0] = [{repo!r}, {tests!r}]
     import compiler
-    from fuzz_module import small_graph
+    from tests.graphs import small_graph
     n, folder, cc = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     open(os.path.join(folder, f'ready-{{n}}'), 'w').close()
     while not os.path.exists(os.path.join(folder, 'go')):
@@ -387,10 +387,12 @@ def test_concurrent_builds_of_one_graph_build_once(tmp_path):
                   f'echo $$ >> {log}\nsleep 1\nexec {real} "$@"\n')
     cc.chmod(0o755)
     script = tmp_path / 'builder.py'
-    script.write_text(BUILDER.format(repo=REPO, tests=TESTS))
+    script.write_text(BUILDER.format())
     env = {**os.environ, 'MICROGRAD_CACHE_DIR': str(tmp_path / 'cache')}
     env.pop('MICROGRAD_CACHE', None)
     n = 4
+    # the repository's root on the path (as for pytest), so that `tests` imports
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
     procs = [subprocess.Popen([sys.executable, str(script), str(i), str(tmp_path), str(cc)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i in range(n)]

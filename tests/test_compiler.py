@@ -1,7 +1,5 @@
 """Differential tests: compiled graphs against the interpreter, exactly."""
 import math
-import os
-import threading
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ from compiler.codegen import c_double
 from micrograd import Value, cross_entropy, mse
 from micrograd.nn import MLP
 
-from differential import COMPILERS, assert_matches_interpreter, compile_graph, same
+from tests.differential import COMPILERS, assert_matches_interpreter, same
 
 pytestmark = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
 
@@ -186,7 +184,7 @@ def test_emitted_c_is_golden():
     ]) in source
     assert '\n'.join([
         'backward_0(double *restrict data, double *restrict grad, const double *restrict aux, '
-        'int *restrict index, double *restrict defer, int slot)',
+        'int *restrict index, double *restrict defer, int place)',
         '{',
         '    grad[4] += (data[5] > 0.0) * grad[5];',
         '    grad[3] += grad[4];',

@@ -6,33 +6,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compiler
-import micrograd
-from compiler.lifted import MatVec, Sum
-from compiler.program import Op
+from compiler.ir import MatVec, Op
 from compiler.vectorize import vectorize
 from micrograd import Value, cross_entropy
 from micrograd.nn import MLP
+from mnist_data import mnist_graph
 
-from differential import COMPILERS, assert_matches_interpreter, assert_train_batch_matches_interpreter, same
+from tests.differential import (COMPILERS, assert_matches_interpreter,
+                                assert_train_batch_matches_interpreter, needs_cc, same)
 
-needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
 
-
-def lifted_kinds(program):
+def vector_op_kinds(program):
     return [type(op).__name__ for op in program.ops if not isinstance(op, Op)]
 
 
-def mnist_graph(hidden=50):
-    model = MLP(784, [hidden, 10], seed=0)
-    xs = [Value(0.0) for _ in range(784)]
-    ys = [Value(0.0) for _ in range(10)]
-    logits = model(xs)
-    return model, xs, ys, logits, cross_entropy(logits, ys)
-
-
 def test_the_mnist_graph_becomes_two_matvecs_and_under_2000_lines_of_c():
-    model, xs, ys, logits, loss = mnist_graph()
-    program = vectorize(compiler.trace(loss, xs + ys, model.parameters(), logits))
+    g = mnist_graph([50])
+    program = vectorize(compiler.trace(g.loss, g.inputs, g.params, g.logits))
     mvs = [op for op in program.ops if isinstance(op, MatVec)]
     assert [(m.rows, m.cols) for m in mvs] == [(50, 784), (10, 50)]
     # each layer's weights are renumbered column by column, its biases after them
@@ -41,8 +31,8 @@ def test_the_mnist_graph_becomes_two_matvecs_and_under_2000_lines_of_c():
 
 
 def test_the_pass_lays_each_weight_matrix_out_by_column_and_keeps_params_order():
-    model, xs, ys, logits, loss = mnist_graph(hidden=3)
-    traced = compiler.trace(loss, xs + ys, model.parameters(), logits)
+    g = mnist_graph([3])
+    traced = compiler.trace(g.loss, g.inputs, g.params, g.logits)
     program = vectorize(traced)
     mv = next(op for op in program.ops if isinstance(op, MatVec))
     slots = program.param_slots
@@ -64,7 +54,7 @@ def test_a_layer_whose_weights_are_listed_in_any_order_is_lifted_and_exact():
         return sum(y.tanh() for y in ys), ys
     params = [0.1 * i - 0.5 for i in range(12)]
     m = assert_matches_interpreter(build, [[0.5, -1.0, 2.0], [0.0, 1.0, 0.0]], params, COMPILERS[0])
-    assert 'MatVec' in lifted_kinds(m.program)
+    assert 'MatVec' in vector_op_kinds(m.program)
 
 
 def test_a_hand_built_layer_is_recognised_too():
@@ -76,7 +66,7 @@ def test_a_hand_built_layer_is_recognised_too():
     loss = sum(y.tanh() for y in ys)
     params = [p for row in w for p in row]
     program = vectorize(compiler.trace(loss, xs, params))
-    assert lifted_kinds(program) == ['MatVec', 'Sum'] or lifted_kinds(program) == ['MatVec']
+    assert vector_op_kinds(program) == ['MatVec', 'Sum'] or vector_op_kinds(program) == ['MatVec']
     mv = next(op for op in program.ops if isinstance(op, MatVec))
     assert (mv.rows, mv.cols) == (3, 4)
 
@@ -98,10 +88,10 @@ def test_an_input_used_outside_the_layer_blocks_the_matvec_when_its_gradient_mat
     loss = ys[0] * ys[1] + xs[0] * xs[1] + xs[2]
     params = [a] + [p for row in w for p in row]
     program = vectorize(compiler.trace(loss, [], params))
-    assert 'MatVec' not in lifted_kinds(program)
+    assert 'MatVec' not in vector_op_kinds(program)
 
 
-def test_printed_program_shows_the_lifted_ops():
+def test_printed_program_shows_the_vector_ops():
     xs = [Value(0.0), Value(0.0)]
     model = MLP(2, [2, 1], seed=0)
     loss = model(xs)
@@ -195,7 +185,7 @@ def test_the_mnist_graph_is_exact_with_the_pass(cc):
     rng = np.random.default_rng(1)
     samples = [list(rng.random(784)) + [0.0] * 9 + [1.0] for _ in range(2)]
     m = assert_matches_interpreter(mlp_builder([784, 20, 10]), samples, values, cc)
-    assert 'MatVec' in lifted_kinds(m.program)
+    assert 'MatVec' in vector_op_kinds(m.program)
 
 
 @needs_cc
@@ -207,7 +197,7 @@ def test_sparse_weight_gradients_stay_exact_for_nonfinite_gradients(cc):
     params = [0.3 * ((i * 7) % 5 - 2) for i in range(18 * 5)]
     samples = [[0.0, 1.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 0.5]]
     m = assert_matches_interpreter(log_relu_layer, samples, params, cc)
-    assert 'MatVec' in lifted_kinds(m.program)
+    assert 'MatVec' in vector_op_kinds(m.program)
 
 
 @needs_cc
@@ -229,7 +219,7 @@ def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
     samples = [[0.0] * 5, [0.0, 0.0, 1.0, 0.0, 0.0], [math.inf, 0.0, 0.0, 0.0, 0.0],
                [-0.0, 2.0, 0.0, math.nan, 0.0]]
     m = assert_matches_interpreter(build, samples, params, cc)
-    assert 'MatVec' in lifted_kinds(m.program)
+    assert 'MatVec' in vector_op_kinds(m.program)
 
 
 @needs_cc
@@ -315,7 +305,7 @@ def test_the_baseline_build_of_the_loops_gives_the_same_bits(cc):
     samples = [[0.25 * ((i * j) % 5) for j in range(n_in)] for i in range(1, 4)]
     flags = default_flags(find_compiler(cc)) + ['-DMICROGRAD_NO_CLONES']
     baseline = assert_matches_interpreter(build, samples, params, cc, flags=flags)
-    assert 'MatVec' in lifted_kinds(baseline.program)
+    assert 'MatVec' in vector_op_kinds(baseline.program)
     best = compiler.compile(*_graph(build, n_in, params), cc=cc)
     X = np.array([s for s in samples] * 3)
     assert baseline.train_batch(X, 0.1) == best.train_batch(X, 0.1)
@@ -327,19 +317,19 @@ def test_the_baseline_build_of_the_loops_gives_the_same_bits(cc):
 @needs_cc
 @pytest.mark.parametrize('cc', COMPILERS)
 def test_train_batch_over_several_flushes_matches_the_interpreter(cc):
-    # 150 rows: two full collections of DEFER_IMAGES rows and a partial one,
+    # 150 rows: two full collections of DEFER_ROWS rows and a partial one,
     # sparse inputs (blank pixels), two steps
     import numpy as np
-    from compiler.lifted import DEFER_IMAGES
+    from compiler.constants import DEFER_ROWS
     sizes = [30, 12, 3]
     ref = MLP(sizes[0], sizes[1:], seed=0)
     rng = np.random.default_rng(7)
-    rows = 2 * DEFER_IMAGES + 22
+    rows = 2 * DEFER_ROWS + 22
     pixels = rng.random((rows, sizes[0])) * (rng.random((rows, sizes[0])) < 0.3)
     labels = np.eye(sizes[-1])[rng.integers(0, sizes[-1], rows)]
     m = assert_train_batch_matches_interpreter(mlp_builder(sizes), np.hstack([pixels, labels]),
                                                [p.data for p in ref.parameters()], 0.5, cc, steps=2)
-    assert lifted_kinds(m.program).count('MatVec') == 2
+    assert vector_op_kinds(m.program).count('MatVec') == 2
 
 
 @needs_cc
@@ -355,4 +345,4 @@ def test_train_batch_with_nonfinite_gradients_matches_the_interpreter(cc):
         params += [-0.1, 0.5, 0.25, 0.5, 1.0] if r % 2 else [0.3 * ((r + c) % 5 - 2) for c in range(5)]
     X = [[1.0, 2.0, 3.0, 0.5]] + [[0.0, 0.0, 0.0, 0.0]] * 70 + [[0.0, 1.0, 0.0, 2.0]]
     m = assert_train_batch_matches_interpreter(log_relu_layer, X, params, 0.01, cc)
-    assert 'MatVec' in lifted_kinds(m.program)
+    assert 'MatVec' in vector_op_kinds(m.program)
