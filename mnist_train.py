@@ -21,7 +21,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,10 +29,8 @@ import numpy as np
 
 import compiler
 import mnist_data
-from micrograd import Value, cross_entropy, nn
-
-N_PIXELS = 28 * 28
-N_CLASSES = 10
+from compiler.files import atomic_write, cache_root
+from mnist_data import N_CLASSES, N_PIXELS, input_rows, mnist_graph
 # Train accuracy is measured on at most this many training images (the first
 # ones, the same every epoch): on the full 60,000 a forward pass over all of
 # them would add a third to the time of each epoch.
@@ -44,11 +41,7 @@ EXIT_ERROR, EXIT_INTERRUPTED = 1, 130
 
 def default_download_dir():
     """Where ``--download`` keeps MNIST: beside the compiler's build cache."""
-    root = os.environ.get('MICROGRAD_CACHE_DIR')
-    if not root:
-        base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-        root = os.path.join(base, 'micrograd-compiler')
-    return os.path.join(root, 'mnist')
+    return os.path.join(cache_root(), 'mnist')
 
 
 # ---- command line -----------------------------------------------------------
@@ -138,15 +131,6 @@ def load_dataset(args):
     return name, data
 
 
-def to_rows(images, labels):
-    """Input rows of the compiled graph: pixels scaled to [0, 1], then the one-hot label."""
-    n = len(images)
-    rows = np.zeros((n, N_PIXELS + N_CLASSES))
-    rows[:, :N_PIXELS] = images.reshape(n, N_PIXELS) / 255.0
-    rows[np.arange(n), N_PIXELS + labels.astype(np.intp)] = 1.0
-    return rows
-
-
 # ---- model ------------------------------------------------------------------
 
 def layer_sizes(hidden):
@@ -163,19 +147,15 @@ def build_model(hidden, seed=0, cc=None):
     The graph's inputs are the pixels and the one-hot label, so one compiled
     module serves every image; the Value graph is dropped once compiled.
     """
-    mlp = nn.MLP(N_PIXELS, [*hidden, N_CLASSES], seed=seed)
-    pixels = [Value(0.0) for _ in range(N_PIXELS)]
-    one_hot = [Value(0.0) for _ in range(N_CLASSES)]
-    logits = mlp(pixels)
-    loss = cross_entropy(logits, one_hot)
-    return compiler.compile(loss, inputs=pixels + one_hot, params=mlp.parameters(),
-                            outputs=logits, cc=cc)
+    graph = mnist_graph(hidden, seed=seed)
+    return compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
+                            outputs=graph.logits, cc=cc)
 
 
 def accuracy(model, images, labels):
     correct = 0
     for start in range(0, len(images), PREDICT_CHUNK):
-        rows = to_rows(images[start:start + PREDICT_CHUNK], labels[start:start + PREDICT_CHUNK])
+        rows = input_rows(images[start:start + PREDICT_CHUNK], labels[start:start + PREDICT_CHUNK])
         correct += int((model.predict(rows).argmax(axis=1) == labels[start:start + PREDICT_CHUNK]).sum())
     return correct / len(images)
 
@@ -190,26 +170,10 @@ class WeightsError(ValueError):
         self.saved_sizes = saved_sizes
 
 
-def write_atomically(path, write):
-    """``write(binary_file)`` into a temp file beside ``path``, then ``os.replace`` it there.
-
-    The rename is atomic within a folder, so a crash, a full disk or Ctrl-C
-    mid-write never leaves a partial file where an earlier good one was.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            write(f)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-
-
 def save_weights(path, params, sizes):
     # Written through a file object: np.savez given a name would append '.npz'.
-    write_atomically(path, lambda f: np.savez(f, params=params, layer_sizes=np.asarray(sizes)))
+    with atomic_write(path) as f:
+        np.savez(f, params=params, layer_sizes=np.asarray(sizes))
 
 
 def load_weights(path, sizes):
@@ -328,7 +292,7 @@ def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=N
             loss_sum, done = 0.0, 0
             for batch in range(1, n_batches + 1):
                 picked = order[(batch - 1) * batch_size:batch * batch_size]
-                rows = to_rows(images[picked], labels[picked])
+                rows = input_rows(images[picked], labels[picked])
                 weights = model.params()
                 problem = None if np.isfinite(weights).all() else 'the weights are no longer finite'
                 if problem is None:
@@ -432,7 +396,8 @@ def plot_curves(path, history, title):
     right.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, format='png'))
+    with atomic_write(path) as f:
+        fig.savefig(f, format='png')
     plt.close(fig)
 
 
@@ -493,7 +458,8 @@ def run(args):
         print(f"saved weights to {args.save}")
     if args.metrics:
         report = metrics(args, dataset, data, model, sizes, result)
-        write_atomically(args.metrics, lambda f: f.write(json.dumps(report, indent=1).encode()))
+        with atomic_write(args.metrics, 'w') as f:
+            f.write(json.dumps(report, indent=1))
     if args.plot:
         if result.history:
             plot_curves(args.plot, result.history, f"{architecture(sizes)} MLP on {dataset}")

@@ -27,7 +27,6 @@ import inspect
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,11 +40,12 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 import compiler  # noqa: E402
-from micrograd import Value, cross_entropy, nn  # noqa: E402
+import mnist_data  # noqa: E402
+from compiler.files import kill_process_group  # noqa: E402
+from micrograd import Value, cross_entropy  # noqa: E402
+from mnist_data import N_CLASSES, N_PIXELS, input_rows, mnist_graph  # noqa: E402
 
 HIDDEN = 50
-N_PIXELS = 784
-N_CLASSES = 10
 EPOCH = 60_000  # images in a full MNIST training epoch
 
 # Build name -> keyword arguments of ``compiler.compile`` (beyond the graph).
@@ -90,23 +90,12 @@ def row(name, kind, status='ok', **values):
 # -- the model and the data ------------------------------------------------------
 
 
-def build_graph(seed=0):
-    """The model and its loss graph over input leaves (pixels, then one-hot label)."""
-    model = nn.MLP(N_PIXELS, [HIDDEN, N_CLASSES], seed=seed)
-    xs = [Value(0.0) for _ in range(N_PIXELS)]
-    ys = [Value(0.0) for _ in range(N_CLASSES)]
-    logits = model(xs)
-    loss = cross_entropy(logits, ys)
-    return model, xs, ys, logits, loss
-
-
 def load_images(data_dir, n_images, batch):
     """Rows ``[pixels / 255, one-hot label]`` (float64 [N, 794]) and the labels.
 
     ``N`` is ``n_images`` (default: all training images), rounded down to
     whole batches.
     """
-    import mnist_data
     if data_dir:
         images, labels = mnist_data.load(data_dir)['train']
         source = str(data_dir)
@@ -117,10 +106,7 @@ def load_images(data_dir, n_images, batch):
     n -= n % batch
     if n == 0:
         raise SystemExit(f'need at least one batch of {batch} images, have {len(images)}')
-    X = np.zeros((n, N_PIXELS + N_CLASSES))
-    X[:, :N_PIXELS] = images[:n].reshape(n, N_PIXELS) / 255.0
-    X[np.arange(n), N_PIXELS + labels[:n].astype(np.intp)] = 1.0
-    return X, labels[:n].astype(np.int64), source
+    return input_rows(images[:n], labels[:n]), labels[:n].astype(np.int64), source
 
 
 def batches(X, batch):
@@ -221,9 +207,9 @@ def import_torch():
 def measure_graph():
     """Seconds to build, trace and emit the graph, and the size of the program and C."""
     t0 = time.perf_counter()
-    model, xs, ys, logits, loss = build_graph()
+    g = mnist_graph([HIDDEN])
     t1 = time.perf_counter()
-    program = compiler.trace(loss, xs + ys, model.parameters(), logits)
+    program = compiler.trace(g.loss, g.inputs, g.params, g.logits)
     t2 = time.perf_counter()
     source = compiler.emit_module(program)
     t3 = time.perf_counter()
@@ -244,7 +230,7 @@ def measure_interpreter(X, n_images, lr):
     their mean, as ``train_batch`` does. Includes the garbage collection of
     the previous image's graph (its ``_backward`` closures form cycles).
     """
-    model = build_graph()[0]
+    model = mnist_graph([HIDDEN]).model
     params = model.parameters()
     losses = []
     t0 = time.perf_counter()
@@ -268,7 +254,7 @@ def measure_interpreter(X, n_images, lr):
 
 def initial_weights():
     """The model's initial weights as arrays (W1 [50, 784], b1, W2 [10, 50], b2)."""
-    model = build_graph()[0]
+    model = mnist_graph([HIDDEN]).model
     out = []
     for layer in model.layers:
         out.append(np.array([[w.data for w in n.w] for n in layer.neurons]))
@@ -368,18 +354,18 @@ def run_build(name, entry, args):
     """Compile one build and time ``train_batch``; runs inside the worker process."""
     import resource
     X, _, _ = load_images(args.data, args.images, args.batch)
-    model, xs, ys, logits, loss = build_graph()
+    g = mnist_graph([HIDDEN])
     kwargs = compile_kwargs(entry, args.compile_timeout)
     base = row(name, 'compiled', kwargs=entry)
     try:
-        m = compiler.compile(loss, inputs=xs + ys, params=model.parameters(), outputs=logits, **kwargs)
+        m = compiler.compile(g.loss, inputs=g.inputs, params=g.params, outputs=g.logits, **kwargs)
     except compiler.CompileTimeout:
         return dict(base, status='timeout', compile_s=kwargs['timeout'],
                     compiler_peak_mb=_children_peak_mb(resource),
                     note=f"compile did not finish within {kwargs['timeout']:g} s")
     except compiler.BuildError as e:
         return dict(base, status='error', note=str(e).splitlines()[0])
-    del model, xs, ys, logits, loss
+    del g
     gc.collect()
 
     t = m.timings
@@ -443,24 +429,17 @@ def measure_build(name, args, scratch):
     try:
         _, stderr = proc.communicate(timeout=backstop)
     except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
+        kill_process_group(proc)
         proc.communicate()
         return row(name, 'compiled', 'timeout', kwargs=entry,
                    note=f'worker killed after {backstop:.0f} s')
     finally:
-        _kill_session(proc.pid)  # whatever the worker's compiler left running
+        kill_process_group(proc)  # whatever the worker's compiler left running
     if proc.returncode != 0 or not os.path.exists(out_path):
         last = (stderr.strip().splitlines() or [f'exit status {proc.returncode}'])[-1]
         return row(name, 'compiled', 'error', kwargs=entry, note=f'worker failed: {last}')
     with open(out_path) as f:
         return json.load(f)
-
-
-def _kill_session(pid):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # -- the report --------------------------------------------------------------------------

@@ -4,12 +4,15 @@
     load_embedded()              -> the same for 4,000 + 1,000 real digits shipped here
     debian_fashion_mnist_dir()   -> folder of Debian's Fashion-MNIST, or None
     download_mnist(cache_dir)    -> folder with the full MNIST, SHA-256 verified
+    mnist_graph(hidden, seed)    -> the MLP and cross-entropy graph this project trains
+    input_rows(images, labels)   -> its input rows: pixels / 255, then the one-hot label
 """
 
 from .debian import debian_fashion_mnist_dir
 from .download import ChecksumError, download_mnist
 from .folder import load, load_embedded
 from .idx import IDXError, load_pair, read_idx, write_idx
+from .model import N_CLASSES, N_PIXELS, MnistGraph, input_rows, mnist_graph
 
 __all__ = [
     "ChecksumError",
@@ -19,6 +22,11 @@ __all__ = [
     "load",
     "load_embedded",
     "load_pair",
+    "input_rows",
+    "mnist_graph",
+    "MnistGraph",
+    "N_CLASSES",
+    "N_PIXELS",
     "read_idx",
     "write_idx",
 ]

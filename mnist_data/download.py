@@ -1,10 +1,10 @@
 """Fetching the full MNIST set into a cache folder, verified by SHA-256."""
 
 import hashlib
-import os
-import tempfile
 import urllib.request
 from pathlib import Path
+
+from compiler.files import atomic_write, sha256_file
 
 # PyTorch's mirror: yann.lecun.com often refuses scripted downloads.
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -22,35 +22,24 @@ class ChecksumError(ValueError):
     """A downloaded file's SHA-256 is not the pinned one."""
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _fetch_verified(url, target, expected, timeout):
     """Download `url` to `target` only if its SHA-256 is `expected`.
 
-    Goes through a temporary file in the same folder so that `os.replace`
-    is atomic: `target` is either absent, the old file, or verified bytes.
+    Written through `atomic_write`: `target` is either absent, the old file,
+    or verified bytes.
     """
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
     try:
         digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with atomic_write(target) as out, urllib.request.urlopen(url, timeout=timeout) as response:
             for chunk in iter(lambda: response.read(CHUNK), b""):
                 digest.update(chunk)
                 out.write(chunk)
-        if digest.hexdigest() != expected:
-            raise ChecksumError(
-                f"{target.name}: SHA-256 mismatch for {url}: expected {expected}, "
-                f"got {digest.hexdigest()}; nothing was saved"
-            )
-        os.replace(temp, target)
+            if digest.hexdigest() != expected:
+                raise ChecksumError(
+                    f"{target.name}: SHA-256 mismatch for {url}: expected {expected}, "
+                    f"got {digest.hexdigest()}; nothing was saved"
+                )
     except BaseException as e:
-        Path(temp).unlink(missing_ok=True)
         if not isinstance(e, ChecksumError):
             e.add_note(f"while downloading {url} to {target}")
         raise
@@ -67,7 +56,7 @@ def download_mnist(cache_dir, base_url=MNIST_URL, timeout=60.0, sha256=MNIST_SHA
     base_url = base_url.rstrip("/") + "/"
     for name, expected in sha256.items():
         target = cache_dir / name
-        if target.is_file() and file_sha256(target) == expected:
+        if target.is_file() and sha256_file(target) == expected:
             continue
         _fetch_verified(base_url + name, target, expected, timeout)
     return cache_dir
