@@ -9,13 +9,14 @@
 """
 
 from .debian import debian_fashion_mnist_dir
-from .download import ChecksumError, download_mnist
+from .download import ChecksumError, DownloadError, download_mnist
 from .folder import load, load_embedded
 from .idx import IDXError, load_pair, read_idx, write_idx
 from .model import N_CLASSES, N_PIXELS, MnistGraph, input_rows, mnist_graph
 
 __all__ = [
     "ChecksumError",
+    "DownloadError",
     "IDXError",
     "debian_fashion_mnist_dir",
     "download_mnist",

