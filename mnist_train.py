@@ -11,16 +11,27 @@ step on the mean gradient) per mini-batch. An input row is the 784 pixels
 scaled to [0, 1] followed by the one-hot label, so the label is an input of
 the graph like the pixels.
 
-Exit status: 0 when training ends, 1 on an error or when the loss diverges,
-130 when stopped by Ctrl-C (after the current batch; ``--save`` still saves).
+Output paths (``--save``, ``--metrics``, ``--plot``) are checked before any
+work. Files are replaced atomically, with the umask's permissions, and a
+symlink is written through to its target. When ``--save`` names the file
+``--load`` read, the previous file is kept as ``PATH.bak``.
+
+Exit status: 0 when training ends; 1 on an error, when the loss diverges, or
+when training collapses (final test accuracy at most 1.5 / N_CLASSES, i.e.
+no better than guessing); 128 + the signal's number when stopped by SIGINT
+(Ctrl-C, 130), SIGHUP (129) or SIGTERM (143): training stops after the
+current batch and ``--save``, ``--metrics`` and ``--plot`` are still written.
 """
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,7 +47,15 @@ from mnist_data import N_CLASSES, N_PIXELS, input_rows, mnist_graph
 # them would add a third to the time of each epoch.
 TRAIN_ACCURACY_IMAGES = 10_000
 PREDICT_CHUNK = 2_000   # rows per predict call: bounds the float64 copy of the images
-EXIT_ERROR, EXIT_INTERRUPTED = 1, 130
+# A run that trained and ends at most this close to guessing (chance is
+# 1 / N_CLASSES) has collapsed: every image gets the same class, or nearly.
+# Without NaN or inf, only the accuracy shows it (--lr 50 on the embedded
+# digits ends at exactly 0.1000 with a finite loss).
+COLLAPSED_ACCURACY = 1.5 / N_CLASSES
+EXIT_ERROR = 1
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ('SIGINT', 'SIGTERM', 'SIGHUP')
+                     if hasattr(signal, name))
+NO_HIDDEN = 'none'      # --hidden none: a 784-10 network, softmax regression
 
 
 def default_download_dir():
@@ -44,17 +63,30 @@ def default_download_dir():
     return os.path.join(cache_root(), 'mnist')
 
 
+def exit_status(signum):
+    """The conventional status of a program stopped by signal ``signum``: 128 + its number."""
+    return 128 + signum
+
+
 # ---- command line -----------------------------------------------------------
 
 def hidden_sizes(text):
-    """``'50'`` -> ``[50]``, ``'128,64'`` -> ``[128, 64]``."""
+    """``'50'`` -> ``[50]``, ``'128,64'`` -> ``[128, 64]``, ``'none'`` or ``''`` -> ``[]``."""
+    if text.strip().lower() in ('', NO_HIDDEN):
+        return []
     try:
         sizes = [int(part) for part in text.split(',')]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive layer sizes like 50 or 128,64, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected positive layer sizes like 50 or 128,64 "
+                                         f"(or {NO_HIDDEN} for no hidden layer), got {text!r}")
     return sizes
+
+
+def hidden_option(sizes):
+    """The ``--hidden`` value that builds ``sizes`` hidden layers."""
+    return ','.join(map(str, sizes)) if sizes else NO_HIDDEN
 
 
 def _number(kind, minimum, inclusive=True):
@@ -71,7 +103,13 @@ def _number(kind, minimum, inclusive=True):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog='mnist_train.py', description=__doc__.split('\n\n')[0])
+        prog='mnist_train.py', description=__doc__.split('\n\n')[0],
+        epilog='--save, --metrics and --plot are checked before any work, replaced atomically '
+               'with the permissions the umask gives, and written through a symlink to its target. '
+               'Exit status: 0 done; 1 error, diverged, or collapsed (final test accuracy at most '
+               f'{COLLAPSED_ACCURACY:.2f}, chance level); 130, 143 or 129 when stopped by Ctrl-C, '
+               'SIGTERM or SIGHUP (after the current batch, with --save, --metrics and --plot '
+               'still written).')
     source = parser.add_mutually_exclusive_group()
     source.add_argument('--data', metavar='DIR',
                         help='folder of MNIST-format IDX files (MNIST, Fashion-MNIST, ...); '
@@ -80,28 +118,133 @@ def parse_args(argv):
                         help="Fashion-MNIST from Debian's dataset-fashion-mnist package")
     source.add_argument('--download', action='store_true',
                         help=f'fetch the full MNIST (SHA-256 checked) into {default_download_dir()}')
-    parser.add_argument('--mirror', default=mnist_data.download.MNIST_URL,
+    parser.add_argument('--mirror', metavar='URL', default=mnist_data.download.MNIST_URL,
                         help='where --download fetches the four .gz files from (default: %(default)s)')
-    parser.add_argument('--hidden', type=hidden_sizes, default=[50],
-                        help='hidden layer sizes, e.g. 50 (the default) or 128,64')
-    parser.add_argument('--epochs', type=_number(int, 0), default=10,
+    parser.add_argument('--hidden', metavar='N,N', type=hidden_sizes, default=[50],
+                        help=f'hidden layer sizes, e.g. 50 (the default) or 128,64; '
+                             f'{NO_HIDDEN} for no hidden layer (a 784-10 network)')
+    parser.add_argument('--epochs', metavar='N', type=_number(int, 0), default=10,
                         help='passes over the training set; 0 only evaluates (default: %(default)s)')
-    parser.add_argument('--batch-size', type=_number(int, 1), default=32,
+    parser.add_argument('--batch-size', metavar='N', type=_number(int, 1), default=32,
                         help='images per SGD step (default: %(default)s)')
-    parser.add_argument('--lr', type=_number(float, 0, inclusive=False), default=0.1,
+    parser.add_argument('--lr', metavar='LR', type=_number(float, 0, inclusive=False), default=0.1,
                         help='SGD learning rate, applied to the mean gradient of a batch '
                              '(default: %(default)s)')
-    parser.add_argument('--seed', type=int, default=0,
+    parser.add_argument('--seed', metavar='S', type=int, default=0,
                         help='seeds the initial weights and the per-epoch shuffle (default: %(default)s)')
-    parser.add_argument('--limit', type=_number(int, 1), metavar='N',
+    parser.add_argument('--limit', metavar='N', type=_number(int, 1),
                         help='train on the first N training images only')
-    parser.add_argument('--cc', help="C compiler: tcc, clang, gcc or a path "
-                                     "(default: $CC, else the best one installed)")
+    parser.add_argument('--cc', metavar='CC', help="C compiler: tcc, clang, gcc or a path "
+                                                   "(default: $CC, else the best one installed)")
     parser.add_argument('--load', metavar='PATH', help='start from weights saved by --save')
-    parser.add_argument('--save', metavar='PATH', help='write the final weights (.npz)')
-    parser.add_argument('--metrics', metavar='PATH', help='write per-epoch numbers as JSON')
-    parser.add_argument('--plot', metavar='PATH', help='draw loss and accuracy curves (PNG; needs matplotlib)')
+    parser.add_argument('--save', metavar='PATH',
+                        help='write the final weights (.npz); when PATH is the --load file, '
+                             'the previous one is kept as PATH.bak')
+    parser.add_argument('--metrics', metavar='PATH',
+                        help='write the run as JSON: per-epoch losses and accuracies, per-batch losses')
+    parser.add_argument('--plot', metavar='PATH',
+                        help='draw loss and accuracy curves (PNG; needs matplotlib)')
+    chatter = parser.add_mutually_exclusive_group()
+    chatter.add_argument('-q', '--quiet', action='store_true', help='print only the final line (and errors)')
+    chatter.add_argument('-v', '--verbose', action='store_true', help="print every batch's loss")
     return parser.parse_args(argv)
+
+
+# ---- output files -----------------------------------------------------------
+
+OUTPUT_OPTIONS = ('save', 'metrics', 'plot')
+
+
+class OutputPathError(ValueError):
+    """An output path that could not be written: found before any work."""
+
+
+def current_umask():
+    # The only portable way to read the umask is to set it; this program
+    # creates no files from other threads meanwhile.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def write_output(path, mode='wb'):
+    """``atomic_write`` to ``path``, through a symlink to its target, and with
+    the permissions a plain ``open`` would give (``0o666 & ~umask``, so
+    0644 under the usual umask 022) instead of ``mkstemp``'s 0600.
+
+    Both belong in ``compiler.files.atomic_write``: resolve ``path`` with
+    ``os.path.realpath`` before choosing the folder and the final name, and
+    ``chmod`` the temporary file before the rename.
+    """
+    with atomic_write(os.path.realpath(path), mode) as f:
+        yield f
+        os.chmod(f.fileno(), 0o666 & ~current_umask())
+
+
+def backup_path(path):
+    """Where ``--save`` keeps the previous contents of the ``--load`` file."""
+    return os.path.realpath(path) + '.bak'
+
+
+def keep_backup(path):
+    """Copy the file at ``path`` (through a symlink) to ``backup_path(path)``; returns that path."""
+    backup = backup_path(path)
+    with open(os.path.realpath(path), 'rb') as source, write_output(backup) as f:
+        shutil.copyfileobj(source, f)
+    return backup
+
+
+def same_file(a, b):
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output_path(option, path):
+    """Raise ``OutputPathError`` (one line) unless a file can be written at ``path``."""
+    target = os.path.realpath(path)
+    named = f"--{option} {path}"
+    if os.path.isdir(target) or path.endswith(os.sep):
+        raise OutputPathError(f"{named} is a folder; give a file name in it, e.g. "
+                              f"{os.path.join(path, 'weights.npz' if option == 'save' else option)}")
+    if os.path.lexists(target) and not os.path.isfile(target):
+        raise OutputPathError(f"{named} exists and is not a regular file")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        problem = 'is not a folder' if os.path.exists(folder) else 'does not exist'
+        raise OutputPathError(f"{named}: {folder} {problem}")
+    # Asking os.access would be wrong for root, read-only mounts and ACLs:
+    # create (and remove) a file the way atomic_write will.
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(target)}.', suffix='.tmp')
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise OutputPathError(f"{named}: cannot write in {folder} ({e.strerror})") from None
+
+
+def check_outputs(args):
+    """Every problem ``--save``, ``--metrics`` and ``--plot`` would hit after
+    training, found before it starts: unwritable or missing folders,
+    folders given as files, two options naming one file, ``--metrics`` or
+    ``--plot`` over the ``--load`` file."""
+    seen = {}
+    if args.load:
+        seen[os.path.realpath(args.load)] = 'load'
+    for option in OUTPUT_OPTIONS:
+        path = getattr(args, option)
+        if not path:
+            continue
+        check_output_path(option, path)
+        target = os.path.realpath(path)
+        other = seen.get(target)
+        if other == 'load' and option == 'save':
+            if os.path.isdir(backup_path(path)):
+                raise OutputPathError(f"--save {path} replaces the --load file and keeps it as "
+                                      f"{backup_path(path)}, which is a folder")
+        elif other:
+            raise OutputPathError(f"--{other} and --{option} both name {target}: "
+                                  f"give each option its own file")
+        seen[target] = option
 
 
 # ---- data -------------------------------------------------------------------
@@ -152,12 +295,28 @@ def build_model(hidden, seed=0, cc=None):
                             outputs=graph.logits, cc=cc)
 
 
-def accuracy(model, images, labels):
-    correct = 0
+@dataclass
+class Scores:
+    loss: float         # mean cross-entropy over the images
+    accuracy: float
+
+
+def evaluate(model, images, labels):
+    """Cross-entropy and accuracy of the model's logits (``predict``) on ``images``.
+
+    The loss is computed in numpy, float64, as log-softmax shifted by the
+    largest logit (so that ``exp`` cannot overflow): for logits z and label
+    y, ``-(z_y - max z) + log sum exp(z - max z)``, the mean over the images.
+    """
+    loss_sum, correct = 0.0, 0
     for start in range(0, len(images), PREDICT_CHUNK):
-        rows = input_rows(images[start:start + PREDICT_CHUNK], labels[start:start + PREDICT_CHUNK])
-        correct += int((model.predict(rows).argmax(axis=1) == labels[start:start + PREDICT_CHUNK]).sum())
-    return correct / len(images)
+        chunk = labels[start:start + PREDICT_CHUNK].astype(np.intp)
+        logits = model.predict(input_rows(images[start:start + PREDICT_CHUNK], chunk))
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_sum = np.log(np.exp(shifted).sum(axis=1))
+        loss_sum += float((log_sum - shifted[np.arange(len(chunk)), chunk]).sum())
+        correct += int((logits.argmax(axis=1) == chunk).sum())
+    return Scores(loss_sum / len(images), correct / len(images))
 
 
 # ---- weights on disk --------------------------------------------------------
@@ -172,47 +331,92 @@ class WeightsError(ValueError):
 
 def save_weights(path, params, sizes):
     # Written through a file object: np.savez given a name would append '.npz'.
-    with atomic_write(path) as f:
+    with write_output(path) as f:
         np.savez(f, params=params, layer_sizes=np.asarray(sizes))
 
 
+ZIP_MAGIC, NPY_MAGIC = b'PK\x03\x04', b'\x93NUMPY'     # how .npz and .npy files begin
+
+
 def load_weights(path, sizes):
-    """The parameter vector saved at ``path``, checked to be for a network of ``sizes``."""
+    """The parameter vector saved at ``path``, checked to be for a network of
+    ``sizes`` and finite; anything else raises a one-line ``WeightsError``."""
+    not_ours = f"{path}: not a weights file written by --save"
     try:
-        with np.load(path) as saved:
-            params, saved_sizes = saved['params'], [int(s) for s in saved['layer_sizes']]
-    except (OSError, ValueError, KeyError) as e:
-        raise WeightsError(f"{path}: not a weights file written by --save ({e})") from None
+        with open(path, 'rb') as f:
+            start = f.read(len(NPY_MAGIC))
+        known = start.startswith(ZIP_MAGIC) or start == NPY_MAGIC    # np.load would try pickle next
+        saved = np.load(path, allow_pickle=False) if known else None
+        if isinstance(saved, np.lib.npyio.NpzFile):
+            with saved:
+                params, saved_sizes = saved['params'], saved['layer_sizes']
+    except OSError as e:    # missing, a folder, unreadable
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    # A damaged or foreign file makes zipfile and numpy raise nearly anything:
+    # BadZipFile (bad CRC, truncated), KeyError, NotImplementedError
+    # (compression method), RuntimeError ("encrypted"), ValueError ("negative
+    # seek", pickled data), EOFError. Every one means the same thing here.
+    except Exception as e:  # noqa: BLE001
+        reason = ' '.join(str(e).split()) or type(e).__name__     # one line, never empty
+        raise WeightsError(f"{not_ours}, or it is damaged ({reason})") from None
+    if not start:
+        raise WeightsError(f"{not_ours}: it is empty")
+    if not known:
+        raise WeightsError(f"{not_ours}: it is neither an .npz nor an .npy file")
+    if not isinstance(saved, np.lib.npyio.NpzFile):
+        raise WeightsError(f"{not_ours}: it holds a single array (.npy), not the .npz that --save writes")
+    if (saved_sizes.ndim != 1 or saved_sizes.dtype.kind not in 'iu' or len(saved_sizes) < 2
+            or saved_sizes.min() < 1):
+        raise WeightsError(f"{not_ours}: its layer_sizes are {saved_sizes!r}")
+    saved_sizes = [int(s) for s in saved_sizes]
     if saved_sizes != list(sizes):
         raise WeightsError(f"{path} holds a {architecture(saved_sizes)} network, "
                            f"but this run builds {architecture(sizes)}", saved_sizes)
     expected = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
-    if params.shape != (expected,):
-        raise WeightsError(f"{path}: {params.size} parameters, a {architecture(sizes)} network has {expected}")
-    return params
+    if params.dtype.kind != 'f' or params.shape != (expected,):
+        raise WeightsError(f"{path}: {params.dtype} parameters of shape {params.shape}; "
+                           f"a {architecture(sizes)} network has {expected} float64 ones")
+    bad = np.flatnonzero(~np.isfinite(params))
+    if bad.size:
+        raise WeightsError(f"{path}: {bad.size} of its parameters are not finite "
+                           f"(parameter {bad[0]} is {params[bad[0]]})")
+    return params.astype(np.float64)
 
 
 # ---- training ---------------------------------------------------------------
 
+def duration(seconds):
+    """``75`` -> ``'1:15'``, ``3725`` -> ``'1:02:05'``."""
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02}:{seconds:02}" if hours else f"{minutes}:{seconds:02}"
+
+
+def progress_text(done, total, elapsed, loss):
+    """``done/total``, images per second, elapsed time, the ETA (at the rate so far), running loss."""
+    rate = done / max(elapsed, 1e-9)
+    return (f"{done:,}/{total:,}  {rate:,.0f} img/s  {duration(elapsed)} elapsed  "
+            f"ETA {duration((total - done) / rate) if rate else '?'}  loss {loss:.4f}")
+
+
 class ProgressBar:
-    """One line on a terminal, redrawn with ``\\r``: share done, images/s, running loss."""
+    """One line on a terminal, redrawn with ``\\r``: share done, images/s, elapsed, ETA, running loss."""
     WIDTH = 24
     EVERY = 0.1     # seconds between redraws: more would cost time for nothing
 
-    def __init__(self, stream, label, total):
-        self.stream, self.label, self.total = stream, label, total
-        self.start = self.drawn_at = time.perf_counter()
+    def __init__(self, stream, label, total, clock=time.perf_counter):
+        self.stream, self.label, self.total, self.clock = stream, label, total, clock
+        self.start = self.drawn_at = clock()
         self.line_length = 0
 
     def update(self, done, loss, force=False):
-        now = time.perf_counter()
+        now = self.clock()
         if not force and now - self.drawn_at < self.EVERY:
             return
         self.drawn_at = now
         filled = self.WIDTH * done // self.total
-        rate = done / max(now - self.start, 1e-9)
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done:,}/{self.total:,}"
-                f"  {rate:,.0f} img/s  loss {loss:.4f}")
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
+                f"{progress_text(done, self.total, now - self.start, loss)}")
         self.stream.write('\r' + line.ljust(self.line_length))
         self.stream.flush()
         self.line_length = len(line)
@@ -223,52 +427,119 @@ class ProgressBar:
         self.stream.flush()
 
 
+class ProgressLines:
+    """Off a terminal (a log file, a pipe): one plain line each time another
+    ``PERCENT`` of the epoch is done, where a redrawn bar would be noise.
+    None at 100% (the epoch line follows), and none for an epoch that will
+    take less than ``MIN_EPOCH_SECONDS`` at the rate so far: its epoch line
+    comes soon enough, and ten fast epochs would log thirty lines."""
+    PERCENT = 25
+    MIN_EPOCH_SECONDS = 2.0
+
+    def __init__(self, stream, label, total, clock=time.perf_counter):
+        self.stream, self.label, self.total, self.clock = stream, label, total, clock
+        self.start = clock()
+        self.next = self.PERCENT
+
+    def update(self, done, loss, force=False):
+        percent = 100 * done // self.total
+        if percent < self.next or percent >= 100:
+            return
+        self.next = (percent // self.PERCENT + 1) * self.PERCENT
+        elapsed = self.clock() - self.start
+        if elapsed * self.total / done < self.MIN_EPOCH_SECONDS:
+            return
+        self.stream.write(f"{self.label} {percent:3}%  {progress_text(done, self.total, elapsed, loss)}\n")
+        self.stream.flush()
+
+    def close(self):
+        pass
+
+
 @dataclass
 class Epoch:
     epoch: int
     loss: float             # mean over the epoch's images, each at the weights of its batch
+    test_loss: float        # mean cross-entropy over the test images, at the epoch's final weights
     train_accuracy: float
     test_accuracy: float
     train_seconds: float    # the batches only
-    seconds: float          # with both accuracy passes
+    seconds: float          # with both evaluation passes
 
 
 @dataclass
 class Training:
     stopped: str                        # 'completed', 'interrupted' or 'diverged'
     history: list = field(default_factory=list)
+    batch_losses: list = field(default_factory=list)    # every finite batch loss, in order
     message: str = ''                   # what happened, for interrupted or diverged runs
     divergence: dict = None             # epoch, batch and reason, when diverged
+    signal: str = None                  # 'SIGINT', 'SIGTERM' or 'SIGHUP', when interrupted
+
+
+class Aborted(KeyboardInterrupt):
+    """A second stop signal: quit now, without saving (``signum`` gives the exit status)."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopRequest:
+    """Set by the first SIGINT, SIGTERM or SIGHUP received."""
+
+    def __init__(self):
+        self.signum = None
+
+    def is_set(self):
+        return self.signum is not None
+
+    @property
+    def name(self):
+        return signal.Signals(self.signum).name
 
 
 @contextlib.contextmanager
-def stop_on_interrupt():
-    """The first Ctrl-C sets the yielded event (training stops after the batch); a second one aborts.
+def stop_on_signals():
+    """The first SIGINT (Ctrl-C), SIGTERM or SIGHUP sets the yielded
+    ``StopRequest`` (training stops after the batch); a second one raises
+    ``Aborted``.
 
     The handler only sets a flag: ``train_batch`` runs in C without the GIL, so
     Python sees the signal when the batch returns, never halfway through it.
+    A signal this process was started ignoring (``nohup`` ignores SIGHUP)
+    stays ignored.
     """
-    requested = threading.Event()
+    stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
-        yield requested     # signal handlers can only be set from the main thread
+        yield stop          # signal handlers can only be set from the main thread
         return
 
     def handler(signum, frame):
-        requested.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if stop.is_set():
+            raise Aborted(signum)
+        stop.signum = signum
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {}
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
     try:
-        yield requested
+        yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_DFL if old is None else old)
 
 
-def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=None):
+def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=None, on_batch=None,
+          stop=None):
     """SGD over ``data['train']`` in shuffled mini-batches; returns a ``Training``.
 
-    ``progress`` is a stream for a ``ProgressBar`` (None: no bar), ``on_epoch``
-    is called with each finished ``Epoch``. The shuffle uses
+    ``progress(label, total)`` makes a ``ProgressBar`` or ``ProgressLines``
+    for an epoch (None: no progress), ``on_batch(epoch, batch, n_batches,
+    loss)`` is called after each batch, ``on_epoch`` with each finished
+    ``Epoch``. ``stop`` is a ``StopRequest`` from ``stop_on_signals`` (None:
+    this call sets up its own). The shuffle uses
     ``numpy.random.default_rng(seed)``, a fresh permutation every epoch.
 
     Divergence: before each batch the weights are copied. A batch whose loss
@@ -276,19 +547,27 @@ def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=N
     into 0, so NaN first-layer weights can hide behind a finite loss), stop
     training, and the model is set back to the weights that last gave a finite
     loss: those from before the previous batch, since ``train_batch`` reports
-    the loss of the weights it started from.
+    the loss of the weights it started from. If the very first batch's loss
+    is not finite, no weights gave a finite loss: the model keeps the ones
+    it started from, and the message says so.
     """
     images, labels = data['train']
     test_images, test_labels = data['test']
     rng = np.random.default_rng(seed)
     n_batches = math.ceil(len(images) / batch_size)
-    good_weights = model.params()
+    good_weights, any_finite = model.params(), False
     result = Training('completed')
-    with stop_on_interrupt() as interrupted:
+
+    def stopped_by_signal(where):
+        result.stopped, result.signal = 'interrupted', stop.name
+        result.message = f"interrupted by {stop.name} {where}"
+        return result
+
+    with (stop_on_signals() if stop is None else contextlib.nullcontext(stop)) as stop:
         for epoch in range(1, epochs + 1):
             started = time.perf_counter()
             order = rng.permutation(len(images))
-            bar = ProgressBar(progress, f'epoch {epoch}/{epochs}', len(images)) if progress else None
+            bar = progress(f'epoch {epoch:{len(str(epochs))}}/{epochs}', len(images)) if progress else None
             loss_sum, done = 0.0, 0
             for batch in range(1, n_batches + 1):
                 picked = order[(batch - 1) * batch_size:batch * batch_size]
@@ -304,44 +583,59 @@ def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=N
                     model.set_params(good_weights)
                     result.stopped = 'diverged'
                     result.divergence = {'epoch': epoch, 'batch': batch, 'reason': problem}
-                    result.message = (f"diverged at epoch {epoch}, batch {batch} of {n_batches}: "
-                                      f"{problem} (learning rate {lr:g} too high?); the model holds "
-                                      f"the last weights that gave a finite loss")
+                    where = f"diverged at epoch {epoch}, batch {batch} of {n_batches}: {problem}"
+                    if any_finite:
+                        result.message = (f"{where} (learning rate {lr:g} too high?); the model holds "
+                                          f"the last weights that gave a finite loss")
+                    else:
+                        result.message = (f"{where} with the starting weights, before any update: "
+                                          f"no weights gave a finite loss; the model keeps the ones "
+                                          f"it started from")
                     return result
-                good_weights = weights
+                good_weights, any_finite = weights, True
+                result.batch_losses.append(loss)
                 loss_sum += loss * len(rows)
                 done += len(rows)
+                if on_batch:
+                    on_batch(epoch, batch, n_batches, loss)
                 if bar:
                     bar.update(done, loss_sum / done, force=batch == n_batches)
-                if interrupted.is_set():
+                if stop.is_set():
                     if bar:
                         bar.close()
-                    result.stopped = 'interrupted'
-                    result.message = f"interrupted at epoch {epoch}, batch {batch} of {n_batches}"
-                    return result
+                    return stopped_by_signal(f"at epoch {epoch}, batch {batch} of {n_batches}")
             train_seconds = time.perf_counter() - started
             if bar:
                 bar.close()
-            train_accuracy = accuracy(model, images[:TRAIN_ACCURACY_IMAGES], labels[:TRAIN_ACCURACY_IMAGES])
-            test_accuracy = accuracy(model, test_images, test_labels)
-            finished = Epoch(epoch, loss_sum / done, train_accuracy, test_accuracy,
-                             train_seconds, time.perf_counter() - started)
+            train_scores = evaluate(model, images[:TRAIN_ACCURACY_IMAGES], labels[:TRAIN_ACCURACY_IMAGES])
+            test_scores = evaluate(model, test_images, test_labels)
+            finished = Epoch(epoch, loss_sum / done, test_scores.loss, train_scores.accuracy,
+                             test_scores.accuracy, train_seconds, time.perf_counter() - started)
             result.history.append(finished)
             if on_epoch:
                 on_epoch(finished)
-            if interrupted.is_set():    # Ctrl-C during the accuracy passes
-                result.stopped = 'interrupted'
-                result.message = f"interrupted after epoch {epoch}"
-                return result
+            if stop.is_set():    # a signal during the evaluation passes
+                return stopped_by_signal(f"after epoch {epoch}")
     return result
+
+
+def collapsed(result):
+    """True when the run trained and its final test accuracy is at chance level
+    (at most ``COLLAPSED_ACCURACY``), whatever its loss."""
+    return (result.stopped != 'diverged' and bool(result.history)
+            and result.history[-1].test_accuracy <= COLLAPSED_ACCURACY)
 
 
 # ---- reports ----------------------------------------------------------------
 
 def epoch_line(e, epochs):
     width = len(str(epochs))
-    return (f"epoch {e.epoch:{width}}/{epochs}  loss {e.loss:.4f}  train acc {e.train_accuracy:.4f}  "
-            f"test acc {e.test_accuracy:.4f}  {e.seconds:.1f} s")
+    return (f"epoch {e.epoch:{width}}/{epochs}  train loss {e.loss:.4f}  test loss {e.test_loss:.4f}  "
+            f"train acc {e.train_accuracy:.4f}  test acc {e.test_accuracy:.4f}  {e.seconds:.1f} s")
+
+
+def batch_line(epoch, epochs, batch, n_batches, loss):
+    return f"epoch {epoch}/{epochs}  batch {batch:{len(str(n_batches))}}/{n_batches}  loss {loss:.4f}"
 
 
 def compile_line(model):
@@ -354,11 +648,12 @@ def compile_line(model):
 
 
 def metrics(args, dataset, data, model, sizes, result):
+    n_train = len(data['train'][0])
     return {
         'dataset': dataset,
-        'train_images': len(data['train'][0]),
+        'train_images': n_train,
         'test_images': len(data['test'][0]),
-        'train_accuracy_images': min(len(data['train'][0]), TRAIN_ACCURACY_IMAGES),
+        'train_accuracy_images': min(n_train, TRAIN_ACCURACY_IMAGES),
         'layer_sizes': sizes,
         'params': model.n_params,
         'epochs': args.epochs, 'batch_size': args.batch_size, 'lr': args.lr, 'seed': args.seed,
@@ -367,8 +662,12 @@ def metrics(args, dataset, data, model, sizes, result):
                      'cached': model.build.cached},
         'timings': dict(model.timings),
         'history': [asdict(e) for e in result.history],
+        'batches_per_epoch': math.ceil(n_train / args.batch_size),
+        'batch_losses': result.batch_losses,
         'stopped': result.stopped,
+        'signal': result.signal,
         'divergence': result.divergence,
+        'collapsed': collapsed(result),
     }
 
 
@@ -384,19 +683,47 @@ def require_matplotlib():
     return plt
 
 
-def plot_curves(path, history, title):
+# Up to this many finished epochs, the loss panel shows every batch's loss:
+# one or two points per curve would show nothing.
+PER_BATCH_PLOT_EPOCHS = 2
+
+
+def draw_curves(history, batch_losses, batches_per_epoch, title):
+    """The figure ``--plot`` saves: losses on the left, accuracies on the
+    right, against whole epochs (every point marked); for runs of up to
+    ``PER_BATCH_PLOT_EPOCHS`` epochs the left panel shows every batch's loss
+    instead, with the test loss at the end of each epoch."""
     plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
     epochs = [e.epoch for e in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(epochs, [e.loss for e in history], marker='o')
-    left.set(xlabel='epoch', ylabel='mean training loss', title='loss')
+    if len(history) <= PER_BATCH_PLOT_EPOCHS:
+        left.plot(range(1, len(batch_losses) + 1), batch_losses, marker='.', markersize=3,
+                  linewidth=0.8, label='train (each batch)')
+        left.plot([e * batches_per_epoch for e in epochs], [e.test_loss for e in history], 'o',
+                  label='test (end of epoch)')
+        left.set(xlabel='batch', ylabel='cross-entropy loss', title='loss per batch')
+    else:
+        left.plot(epochs, [e.loss for e in history], marker='o', label='train (mean over the epoch)')
+        left.plot(epochs, [e.test_loss for e in history], marker='o', label='test')
+        left.set(xlabel='epoch', ylabel='cross-entropy loss', title='loss')
+        left.set_xlim(0.5, len(history) + 0.5)
     right.plot(epochs, [e.train_accuracy for e in history], marker='o', label='train')
     right.plot(epochs, [e.test_accuracy for e in history], marker='o', label='test')
     right.set(xlabel='epoch', ylabel='accuracy', title='accuracy')
-    right.legend()
+    right.set_xlim(0.5, len(history) + 0.5)
+    for axes in (left, right):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        axes.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    with atomic_write(path) as f:
+    return fig
+
+
+def plot_curves(path, history, title, batch_losses=(), batches_per_epoch=1):
+    plt = require_matplotlib()
+    fig = draw_curves(history, list(batch_losses), batches_per_epoch, title)
+    with write_output(path) as f:
         fig.savefig(f, format='png')
     plt.close(fig)
 
@@ -407,66 +734,121 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return run(args)
-    except KeyboardInterrupt:   # before or after training, or a second Ctrl-C during it
+    except KeyboardInterrupt as e:   # before or after training, or a second stop signal during it
         print("\naborted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exit_status(getattr(e, 'signum', signal.SIGINT))
 
 
 def run(args):
     sizes = layer_sizes(args.hidden)
+
+    def say(text):
+        if not args.quiet:
+            print(text, flush=True)
+
     try:
+        check_outputs(args)
         if args.plot:
             require_matplotlib()    # now, not after a long run
-        dataset, data = load_dataset(args)
         loaded = load_weights(args.load, sizes) if args.load else None
+        dataset, data = load_dataset(args)
     except WeightsError as e:
-        hint = f"; pass --hidden {','.join(map(str, e.saved_sizes[1:-1]))} to use it" if e.saved_sizes else ''
+        saved = e.saved_sizes
+        hint = (f"; pass --hidden {hidden_option(saved[1:-1])} to use it"
+                if saved and saved[0] == N_PIXELS and saved[-1] == N_CLASSES else '')
         print(f"error: {e}{hint}", file=sys.stderr)
         return EXIT_ERROR
-    except (ImportError, OSError, ValueError) as e:    # missing files, download, bad data
+    except (ImportError, OSError, ValueError) as e:    # output paths, missing files, download, bad data
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     images, labels = data['train']
-    print(f"data: {dataset}: {len(images):,} training and {len(data['test'][0]):,} test images")
+    say(f"data: {dataset}: {len(images):,} training and {len(data['test'][0]):,} test images")
     try:
         model = build_model(args.hidden, seed=args.seed, cc=args.cc)
     except compiler.BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    print(f"model: {architecture(sizes)} MLP, {model.n_params:,} parameters")
-    print(compile_line(model), flush=True)
-    if loaded is not None:
-        model.set_params(loaded)
-        print(f"loaded weights from {args.load}")
-    if args.epochs == 0:
-        print(f"train acc {accuracy(model, images[:TRAIN_ACCURACY_IMAGES], labels[:TRAIN_ACCURACY_IMAGES]):.4f}  "
-              f"test acc {accuracy(model, *data['test']):.4f}")
-    elif len(images) > TRAIN_ACCURACY_IMAGES:
-        print(f"(train acc is measured on the first {TRAIN_ACCURACY_IMAGES:,} training images)")
+    say(f"model: {architecture(sizes)} MLP, {model.n_params:,} parameters")
+    say(compile_line(model))
 
-    started = time.perf_counter()
-    result = train(model, data, args.epochs, args.batch_size, args.lr, seed=args.seed,
-                   progress=sys.stderr if sys.stderr.isatty() else None,
-                   on_epoch=lambda e: print(epoch_line(e, args.epochs), flush=True))
+    # From here on the first SIGINT, SIGTERM or SIGHUP stops training after
+    # the batch, and the outputs are still written.
+    with stop_on_signals() as stop:
+        if loaded is not None:
+            model.set_params(loaded)
+            say(f"loaded weights from {args.load}")
+        if args.epochs == 0:
+            train_scores = evaluate(model, images[:TRAIN_ACCURACY_IMAGES], labels[:TRAIN_ACCURACY_IMAGES])
+            test_scores = evaluate(model, *data['test'])
+            print(f"test loss {test_scores.loss:.4f}  train acc {train_scores.accuracy:.4f}  "
+                  f"test acc {test_scores.accuracy:.4f}", flush=True)   # the final line, even with --quiet
+        elif len(images) > TRAIN_ACCURACY_IMAGES:
+            say(f"(train acc is measured on the first {TRAIN_ACCURACY_IMAGES:,} training images)")
+        started = time.perf_counter()
+        result = train(model, data, args.epochs, args.batch_size, args.lr, seed=args.seed,
+                       progress=progress_for(args), on_batch=batch_printer(args), stop=stop,
+                       on_epoch=lambda e: say(epoch_line(e, args.epochs)))
+        failed = report_outcome(args, result, time.perf_counter() - started)
+        write_outputs(args, dataset, data, model, sizes, result, say)
+    if stop.is_set():
+        return exit_status(stop.signum)
+    return EXIT_ERROR if failed else 0
+
+
+def progress_for(args):
+    """How ``train`` shows an epoch's progress on stderr: a bar on a terminal, else plain lines."""
+    if args.quiet or args.verbose:      # nothing, or a line per batch instead
+        return None
+    return functools.partial(ProgressBar if sys.stderr.isatty() else ProgressLines, sys.stderr)
+
+
+def batch_printer(args):
+    if not args.verbose:
+        return None
+    return lambda epoch, batch, n_batches, loss: print(batch_line(epoch, args.epochs, batch, n_batches, loss))
+
+
+def report_outcome(args, result, seconds):
+    """Print how training ended (the final line, and what went wrong on stderr);
+    True when the run failed: it diverged, or collapsed to chance level."""
     if result.message:
         print(result.message, file=sys.stderr)
     if result.history:
-        print(f"trained {len(result.history)} epochs in {time.perf_counter() - started:.1f} s: "
-              f"test acc {result.history[-1].test_accuracy:.4f}")
+        last, n = result.history[-1], len(result.history)
+        print(f"trained {n} epoch{'s' if n != 1 else ''} in {seconds:.1f} s: "
+              f"test loss {last.test_loss:.4f}  test acc {last.test_accuracy:.4f}", flush=True)
+    if collapsed(result):
+        last, steps, guessing = result.history[-1], len(result.batch_losses), math.log(N_CLASSES)
+        if last.test_loss > 2 * guessing:
+            why = (f"its test loss {last.test_loss:.4f} is far worse than guessing's {guessing:.4f}: "
+                   f"learning rate {args.lr:g} too high?")
+        else:
+            why = (f"after {steps} SGD step{'s' * (steps != 1)} at learning rate {args.lr:g}: "
+                   f"train longer, or change the rate")
+        print(f"training collapsed: the final test accuracy {last.test_accuracy:.4f} is no better than "
+              f"guessing (chance is {1 / N_CLASSES:.2f}; a run at or below {COLLAPSED_ACCURACY:.2f} "
+              f"counts as failed); {why}", file=sys.stderr)
+        return True
+    return result.stopped == 'diverged'
+
+
+def write_outputs(args, dataset, data, model, sizes, result, say):
+    """``--save`` (keeping the ``--load`` file as ``.bak`` if it is the same), ``--metrics``, ``--plot``."""
     if args.save:
+        backup = keep_backup(args.save) if args.load and same_file(args.load, args.save) else None
         save_weights(args.save, model.params(), sizes)
-        print(f"saved weights to {args.save}")
+        say(f"saved weights to {args.save}" + (f" (the previous file is kept as {backup})" if backup else ''))
     if args.metrics:
         report = metrics(args, dataset, data, model, sizes, result)
-        with atomic_write(args.metrics, 'w') as f:
+        with write_output(args.metrics, 'w') as f:
             f.write(json.dumps(report, indent=1))
     if args.plot:
         if result.history:
-            plot_curves(args.plot, result.history, f"{architecture(sizes)} MLP on {dataset}")
-            print(f"plotted to {args.plot}")
+            plot_curves(args.plot, result.history, f"{architecture(sizes)} MLP on {dataset}",
+                        result.batch_losses, math.ceil(len(data['train'][0]) / args.batch_size))
+            say(f"plotted to {args.plot}")
         else:
             print(f"no finished epoch: {args.plot} not written", file=sys.stderr)
-    return {'completed': 0, 'diverged': EXIT_ERROR, 'interrupted': EXIT_INTERRUPTED}[result.stopped]
 
 
 if __name__ == '__main__':

@@ -8,8 +8,7 @@ import functools
 import importlib.util
 import io
 import json
-import signal
-import subprocess
+import re
 import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -58,8 +57,11 @@ def test_short_run_loss_falls_and_accuracy_beats_chance(short_run):
     assert history[-1]['train_accuracy'] > 0.5
     out = short_run['out']
     assert 'compiled in' in out and 'tcc' in out
-    assert 'epoch 1/2  loss' in out and 'epoch 2/2  loss' in out
-    # stderr is not a terminal here: epoch lines only, no progress bar.
+    for epoch in (1, 2):
+        assert re.search(rf'^epoch {epoch}/2  train loss [\d.]+  test loss [\d.]+  '
+                         rf'train acc [\d.]+  test acc [\d.]+  [\d.]+ s$', out, re.MULTILINE), out
+    assert re.search(r'^trained 2 epochs in [\d.]+ s: test loss [\d.]+  test acc [\d.]+$', out, re.MULTILINE)
+    # stderr is not a terminal here: no progress bar redrawn with \r.
     assert '\r' not in short_run['err'] + out
 
 
@@ -77,9 +79,13 @@ def test_metrics_json_has_every_field(short_run):
         assert report['timings'][stage] >= 0
     assert report['timings']['trace'] > 0
     for epoch in report['history']:
-        assert set(epoch) == {'epoch', 'loss', 'train_accuracy', 'test_accuracy',
+        assert set(epoch) == {'epoch', 'loss', 'test_loss', 'train_accuracy', 'test_accuracy',
                               'train_seconds', 'seconds'}
         assert 0 < epoch['train_seconds'] <= epoch['seconds']
+        assert 0 < epoch['test_loss'] < 2.5
+    assert report['batches_per_epoch'] == 32    # 1,000 images in batches of 32
+    assert len(report['batch_losses']) == 2 * 32
+    assert report['signal'] is None and report['collapsed'] is False
 
 
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed (pip install matplotlib)')
@@ -146,26 +152,43 @@ def test_divergence_stops_with_a_message_and_keeps_finite_weights(tmp_path):
     assert np.isfinite(saved).all()
     # Batch 1 gave a finite loss from the initial weights, so they are the last good ones.
     np.testing.assert_array_equal(saved, mnist_train.build_model([50], seed=0, cc='tcc').params())
+    assert 'the model holds the last weights that gave a finite loss' in err   # true here: batch 1's
 
 
-def test_ctrl_c_stops_after_the_batch_and_saves(tmp_path):
-    save = tmp_path / 'weights.npz'
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *TCC, '--limit', '500', '--epochs', '100000', '--save', str(save)],
-        cwd=SCRIPT.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in process.stdout:     # wait until training is under way
-            if line.startswith('epoch'):
-                break
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 130, err
-    assert 'interrupted at epoch' in err or 'interrupted after epoch' in err
-    assert 'Traceback' not in err
-    assert f'saved weights to {save}' in out
-    assert np.isfinite(mnist_train.load_weights(save, [784, 50, 10])).all()
+def test_collapse_to_chance_level_without_nan_fails(tmp_path):
+    # --lr 50 never gives a NaN: the loss stays finite (near 28 here) while
+    # every test image gets the same class, so the accuracy is 0.1.
+    metrics = tmp_path / 'metrics.json'
+    status, out, err = run_main([*TCC, '--limit', '500', '--epochs', '1', '--lr', '50', '--metrics', metrics])
+    assert status == 1
+    assert re.search(r'training collapsed: the final test accuracy 0\.(0\d|1[0-4])\d\d is no better than '
+                     r'guessing \(chance is 0\.10; a run at or below 0\.15 counts as failed\)', err), err
+    assert 'learning rate 50 too high?' in err
+    report = json.loads(metrics.read_text())
+    assert report['collapsed'] is True and report['stopped'] == 'completed'
+    assert np.isfinite(report['batch_losses']).all()
+
+
+def chance_level_run(test_loss, steps):
+    epoch = mnist_train.Epoch(1, 2.3, test_loss, 0.1, 0.1, 0.1, 0.2)
+    return mnist_train.Training('completed', history=[epoch], batch_losses=[2.3] * steps)
+
+
+@pytest.mark.parametrize('test_loss, steps, why', [
+    (28.5, 16, "its test loss 28.5000 is far worse than guessing's 2.3026: learning rate 0.1 too high?"),
+    (2.29, 1, 'after 1 SGD step at learning rate 0.1: train longer, or change the rate'),
+])
+def test_a_collapse_says_what_is_likely_wrong(capsys, test_loss, steps, why):
+    args = mnist_train.parse_args([])
+    assert mnist_train.report_outcome(args, chance_level_run(test_loss, steps), 1.0) is True
+    err = capsys.readouterr().err
+    assert err.startswith('training collapsed: the final test accuracy 0.1000') and err.endswith(why + '\n')
+
+
+def test_evaluating_an_untrained_model_is_not_a_collapse():
+    status, out, err = run_main([*TCC, '--epochs', '0'])
+    assert status == 0 and err == ''
+    assert re.search(r'^test loss [\d.]+  train acc [\d.]+  test acc [\d.]+$', out, re.MULTILINE)
 
 
 @pytest.mark.skipif(mnist_data.debian_fashion_mnist_dir() is None,
@@ -207,7 +230,7 @@ def test_progress_bar_redraws_one_line():
     bar = mnist_train.ProgressBar(stream, 'epoch 1/3', total=1000)
     bar.update(500, 0.5, force=True)
     assert stream.getvalue().startswith('\repoch 1/3 [############............] 500/1,000')
-    assert 'img/s  loss 0.5000' in stream.getvalue()
+    assert re.search(r'img/s  0:00 elapsed  ETA 0:00  loss 0\.5000', stream.getvalue())
     bar.close()
     assert stream.getvalue().endswith('\r') and '\n' not in stream.getvalue()
 
