@@ -20,7 +20,7 @@ import pytest
 
 import compiler
 from compiler import build
-from compiler.build import (BuildError, CompileError, CompilerNotFound, CompileTimeout,
+from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
                             HeadersNotFound, Toolchain, build_extension, build_key, cache_dir,
                             default_flags, find_compiler)
 from compiler.load import load_module
@@ -31,15 +31,33 @@ from tests.graphs import small_graph
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-GCC_VERSION = ('echo "gcc (Fake) 12.2.0"; '
-               'echo "Copyright (C) 2022 Free Software Foundation, Inc."; exit 0')
+# What gcc prints when it identifies itself (preprocessing build.IDENTIFY_PROBE)
+# and when asked its version.
+GCC_IDENTITY = ('case "$1" in\n'
+                '  -E) echo "micrograd_compiler_is_gcc 12 2 0"; exit 0;;\n'
+                '  --version) echo "gcc (Fake) 12.2.0"; '
+                'echo "Copyright (C) 2022 Free Software Foundation, Inc."; exit 0;;\n'
+                'esac')
 
 
 def fake_cc(folder, name, body):
-    """A shell script that says it is gcc when asked its version and runs ``body`` otherwise."""
+    """A shell script that passes for gcc when identified and runs ``body`` otherwise."""
     path = os.path.join(folder, name)
     with open(path, 'w') as f:
-        f.write(f'#!/bin/sh\nif [ "$1" = "--version" ]; then {GCC_VERSION}; fi\n{body}\n')
+        f.write(f'#!/bin/sh\n{GCC_IDENTITY}\n{body}\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def wrapper_cc(folder, name, real, body, after=''):
+    """A real compiler behind a shell script: identification goes to ``real``;
+    a build runs ``body`` (with ``$out``, the ``-o`` file, set), then ``real``
+    itself, then ``after``."""
+    path = os.path.join(folder, name)
+    with open(path, 'w') as f:
+        f.write(f'#!/bin/sh\ncase "$1" in -E|--version|-v) exec {real} "$@";; esac\n'
+                'out=; prev=; for a in "$@"; do [ "$prev" = -o ] && out=$a; prev=$a; done\n'
+                f'{body}\n{real} "$@" || exit $?\n{after}\n')
     os.chmod(path, 0o755)
     return path
 
@@ -78,8 +96,8 @@ def assert_explains(e, *words):
 # -- compiler problems ---------------------------------------------------------------
 
 def test_the_build_errors_are_one_family():
-    for cls in (CompilerNotFound, HeadersNotFound, CompileError, CompileTimeout):
-        assert issubclass(cls, BuildError) and cls is getattr(compiler, cls.__name__)
+    for cls in (CompilerNotFound, HeadersNotFound, CompileError, CompileTimeout, CacheError):
+        assert issubclass(cls, BuildError) and cls is getattr(compiler, cls.__name__, None), cls
 
 
 def test_a_hanging_compiler_is_killed_with_its_children(tmp_path, fresh_cache):
@@ -383,7 +401,7 @@ def test_concurrent_builds_of_one_graph_build_once(tmp_path):
     real = shutil.which(FAST_CC)
     log = tmp_path / 'invocations.log'
     cc = tmp_path / 'slowcc'
-    cc.write_text(f'#!/bin/sh\ncase "$1" in --version|-v) exec {real} "$@";; esac\n'
+    cc.write_text(f'#!/bin/sh\ncase "$1" in -E|--version|-v) exec {real} "$@";; esac\n'
                   f'echo $$ >> {log}\nsleep 1\nexec {real} "$@"\n')
     cc.chmod(0o755)
     script = tmp_path / 'builder.py'
