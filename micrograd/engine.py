@@ -53,11 +53,11 @@ class Value:
     ``_arg`` holds its numeric parameter (the exponent of ``**``).
     """
 
-    __slots__ = ('data', 'grad', '_prev', '_op', '_arg', '_backward', 'label')
+    __slots__ = ('_data', 'grad', '_prev', '_op', '_arg', '_backward', 'label')
     __array_ufunc__ = None  # make numpy scalars defer to __radd__ and friends
 
     def __init__(self, data, _children=(), _op='', _arg=None, label='', _backward=None):
-        self.data = float(data)
+        self._data = float(data)
         self.grad = 0.0
         self._prev = _children if type(_children) is tuple else tuple(_children)
         self._op = _op
@@ -67,8 +67,22 @@ class Value:
         self._backward = _backward or _no_backward
         self.label = label
 
+    @property
+    def data(self):
+        """The value, always a Python float: the interpreter computes in
+        float64, as the compiled code does."""
+        return self._data
+
+    @data.setter
+    def data(self, x):
+        if type(x) is not float:
+            if isinstance(x, bool) or not isinstance(x, numbers.Real):
+                raise TypeError(f"Value.data must be a real number, not {type(x).__name__} {x!r:.60}")
+            x = float(x)     # a numpy float32 would make the interpreter compute in float32
+        self._data = x
+
     def __repr__(self):
-        return f"Value(data={self.data!r}, grad={self.grad!r})"
+        return f"Value(data={self._data!r}, grad={self.grad!r})"
 
     # -- binary arithmetic -------------------------------------------------
 
@@ -77,7 +91,7 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(self.data + other.data, (self, other), '+', _backward=Value._add_backward)
+        return Value(self._data + other._data, (self, other), '+', _backward=Value._add_backward)
 
     @staticmethod
     def _add_backward(out):
@@ -90,7 +104,7 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(self.data - other.data, (self, other), '-', _backward=Value._sub_backward)
+        return Value(self._data - other._data, (self, other), '-', _backward=Value._sub_backward)
 
     @staticmethod
     def _sub_backward(out):
@@ -103,27 +117,27 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(self.data * other.data, (self, other), '*', _backward=Value._mul_backward)
+        return Value(self._data * other._data, (self, other), '*', _backward=Value._mul_backward)
 
     @staticmethod
     def _mul_backward(out):
         a, b = out._prev
-        a.grad += b.data * out.grad
-        b.grad += a.data * out.grad
+        a.grad += b._data * out.grad
+        b.grad += a._data * out.grad
 
     def __truediv__(self, other):
         if type(other) is not Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(ieee.div(self.data, other.data), (self, other), '/', _backward=Value._div_backward)
+        return Value(ieee.div(self._data, other._data), (self, other), '/', _backward=Value._div_backward)
 
     @staticmethod
     def _div_backward(out):
         a, b = out._prev
         # d(a/b)/da = 1/b;  d(a/b)/db = -a/b**2 = -(a/b)/b.
-        a.grad += ieee.div(out.grad, b.data)
-        b.grad += ieee.div(-(out.grad * out.data), b.data)
+        a.grad += ieee.div(out.grad, b._data)
+        b.grad += ieee.div(-(out.grad * out._data), b._data)
 
     def __radd__(self, other):
         other = _as_value(other)
@@ -151,13 +165,13 @@ class Value:
         other = _as_value(other)
         if other is NotImplemented:
             raise TypeError(f"max() needs a Value or a real number, not {type(other).__name__}")
-        first = self.data >= other.data
-        return Value(self.data if first else other.data, (self, other), 'max', _backward=Value._max_backward)
+        first = self._data >= other._data
+        return Value(self._data if first else other._data, (self, other), 'max', _backward=Value._max_backward)
 
     @staticmethod
     def _max_backward(out):
         a, b = out._prev
-        if a.data >= b.data:
+        if a._data >= b._data:
             a.grad += out.grad
         else:
             b.grad += out.grad
@@ -165,7 +179,7 @@ class Value:
     # -- unary ops ---------------------------------------------------------
 
     def __neg__(self):
-        return Value(-self.data, (self,), 'neg', _backward=Value._neg_backward)
+        return Value(-self._data, (self,), 'neg', _backward=Value._neg_backward)
 
     @staticmethod
     def _neg_backward(out):
@@ -176,57 +190,57 @@ class Value:
         if isinstance(k, Value) or not isinstance(k, numbers.Real):
             return NotImplemented  # exponents are constants, not graph nodes
         k = float(k)
-        return Value(ieee.pow(self.data, k), (self,), '**', _arg=k, _backward=Value._pow_backward)
+        return Value(ieee.pow(self._data, k), (self,), '**', _arg=k, _backward=Value._pow_backward)
 
     @staticmethod
     def _pow_backward(out):
         a, = out._prev
         k = out._arg
         # d(x**k)/dx = k * x**(k-1)
-        a.grad += (k * ieee.pow(a.data, k - 1.0)) * out.grad
+        a.grad += (k * ieee.pow(a._data, k - 1.0)) * out.grad
 
     def relu(self):
-        return Value(0.0 if self.data < 0 else self.data, (self,), 'relu', _backward=Value._relu_backward)
+        return Value(0.0 if self._data < 0 else self._data, (self,), 'relu', _backward=Value._relu_backward)
 
     @staticmethod
     def _relu_backward(out):
         a, = out._prev
         # The derivative at 0 is taken as 0 (the output is not > 0).
-        a.grad += (out.data > 0) * out.grad
+        a.grad += (out._data > 0) * out.grad
 
     def tanh(self):
-        return Value(ieee.tanh(self.data), (self,), 'tanh', _backward=Value._tanh_backward)
+        return Value(ieee.tanh(self._data), (self,), 'tanh', _backward=Value._tanh_backward)
 
     @staticmethod
     def _tanh_backward(out):
         a, = out._prev
         # d tanh(x)/dx = 1 - tanh(x)**2
-        a.grad += (1.0 - out.data * out.data) * out.grad
+        a.grad += (1.0 - out._data * out._data) * out.grad
 
     def exp(self):
-        return Value(ieee.exp(self.data), (self,), 'exp', _backward=Value._exp_backward)
+        return Value(ieee.exp(self._data), (self,), 'exp', _backward=Value._exp_backward)
 
     @staticmethod
     def _exp_backward(out):
         a, = out._prev
-        a.grad += out.data * out.grad
+        a.grad += out._data * out.grad
 
     def log(self):
-        return Value(ieee.log(self.data), (self,), 'log', _backward=Value._log_backward)
+        return Value(ieee.log(self._data), (self,), 'log', _backward=Value._log_backward)
 
     @staticmethod
     def _log_backward(out):
         a, = out._prev
-        a.grad += ieee.div(out.grad, a.data)
+        a.grad += ieee.div(out.grad, a._data)
 
     def sigmoid(self):
-        return Value(1.0 / (1.0 + ieee.exp(-self.data)), (self,), 'sigmoid', _backward=Value._sigmoid_backward)
+        return Value(1.0 / (1.0 + ieee.exp(-self._data)), (self,), 'sigmoid', _backward=Value._sigmoid_backward)
 
     @staticmethod
     def _sigmoid_backward(out):
         a, = out._prev
         # d s(x)/dx = s(x) * (1 - s(x))
-        a.grad += (out.data * (1.0 - out.data)) * out.grad
+        a.grad += (out._data * (1.0 - out._data)) * out.grad
 
     # -- reverse mode --------------------------------------------------------
 
@@ -250,11 +264,17 @@ def _no_backward(node):
     pass
 
 
+class Constant(Value):
+    """A number an op wrapped into the graph (the ``2`` of ``x * 2``): a
+    constant of the compiled program, never a leaf the user forgot to list."""
+    __slots__ = ()
+
+
 def _as_value(x):
     if isinstance(x, Value):
         return x
     if isinstance(x, numbers.Real):
-        return Value(x)
+        return Constant(x)
     return NotImplemented
 
 

@@ -15,17 +15,24 @@ class Module:
         return []
 
 
+INITS = ('uniform', 'scaled')
+
+
 class Neuron(Module):
     """``relu(b + sum_i w_i * x_i)``, summed left to right in input order.
 
-    Weights are uniform in ``±1/sqrt(nin)`` (LeCun-style scale: the
-    pre-activation variance stays O(1) for 784 inputs), the bias starts at 0.
-    ``rng`` is a ``random.Random``; the default is the ``random`` module.
+    ``init='uniform'`` draws each weight from ``uniform(-1, 1)``, as
+    Karpathy's micrograd does; ``init='scaled'`` from ``uniform(-s, s)`` with
+    ``s = 1/sqrt(nin)`` (LeCun-style: the pre-activation variance stays O(1)
+    for 784 inputs). The bias starts at 0 (no draw). ``rng`` is a
+    ``random.Random``; the default is the ``random`` module.
     """
 
-    def __init__(self, nin, nonlin=True, rng=None):
+    def __init__(self, nin, nonlin=True, rng=None, init='uniform'):
+        if init not in INITS:
+            raise ValueError(f"init must be one of {', '.join(INITS)}, not {init!r}")
         rng = rng or random
-        scale = 1.0 / math.sqrt(nin)
+        scale = 1.0 if init == 'uniform' else 1.0 / math.sqrt(nin)
         self.w = [Value(rng.uniform(-scale, scale)) for _ in range(nin)]
         self.b = Value(0.0)
         self.nonlin = nonlin
@@ -60,14 +67,18 @@ class Layer(Module):
 class MLP(Module):
     """ReLU layers of sizes ``nouts``, the last one linear.
 
-    ``seed`` makes the initial weights reproducible without touching the
-    global ``random`` state.
+    By default the weights are drawn exactly as Karpathy's micrograd draws
+    them (``random.uniform(-1, 1)`` per weight from the global ``random``,
+    neuron by neuron, layer by layer; biases 0), so his demo's numbers come
+    out the same. ``init='scaled'`` draws from ``±1/sqrt(nin)`` instead (what
+    deep or wide layers need); ``seed`` draws from ``random.Random(seed)``,
+    leaving the global ``random`` state alone.
     """
 
-    def __init__(self, nin, nouts, seed=None):
+    def __init__(self, nin, nouts, seed=None, init='uniform'):
         rng = random.Random(seed) if seed is not None else random
         sz = [nin] + list(nouts)
-        self.layers = [Layer(sz[i], sz[i + 1], nonlin=i != len(nouts) - 1, rng=rng)
+        self.layers = [Layer(sz[i], sz[i + 1], nonlin=i != len(nouts) - 1, rng=rng, init=init)
                        for i in range(len(nouts))]
 
     def __call__(self, x):

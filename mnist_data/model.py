@@ -40,8 +40,9 @@ class MnistGraph:
 
 
 def mnist_graph(hidden=(50,), seed=0):
-    """The graph of ``MLP(784, hidden + [10])`` and its cross-entropy loss."""
-    model = nn.MLP(N_PIXELS, [*hidden, N_CLASSES], seed=seed)
+    """The graph of ``MLP(784, hidden + [10])`` (scaled initialisation, drawn
+    from ``seed``) and its cross-entropy loss."""
+    model = nn.MLP(N_PIXELS, [*hidden, N_CLASSES], seed=seed, init='scaled')
     pixels = [Value(0.0) for _ in range(N_PIXELS)]
     label = [Value(0.0) for _ in range(N_CLASSES)]
     logits = model(pixels)

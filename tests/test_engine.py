@@ -1,5 +1,8 @@
 """The interpreter: gradients against finite differences, known values, IEEE cases."""
 import math
+import random
+
+import numpy as np
 
 import pytest
 from hypothesis import assume, given, settings, strategies as st
@@ -208,15 +211,48 @@ def test_nn_matches_reference_signatures_and_is_reproducible():
     assert len(n.parameters()) == 4
     layer = Layer(3, 2)
     assert len(layer.parameters()) == 8
-    a, b = MLP(784, [50, 10], seed=1), MLP(784, [50, 10], seed=1)
+    a, b = MLP(784, [50, 10], seed=1, init='scaled'), MLP(784, [50, 10], seed=1, init='scaled')
     assert [p.data for p in a.parameters()] == [p.data for p in b.parameters()]
     assert len(a.parameters()) == 784 * 50 + 50 + 50 * 10 + 10
     bound = 1 / math.sqrt(784)
     assert all(abs(p.data) <= bound for p in a.layers[0].parameters())
+    assert max(abs(p.data) for p in a.layers[0].parameters()) > bound / 2
     out = a([0.0] * 784)
     assert len(out) == 10
     a.zero_grad()
     assert all(p.grad == 0.0 for p in a.parameters())
+
+
+def test_mlp_draws_its_weights_as_karpathys_micrograd():
+    """MLP(nin, nouts) with no seed draws random.uniform(-1, 1) per weight from
+    the global random, neuron by neuron, layer by layer, biases 0 without a
+    draw: his micrograd's order, so his demo's numbers come out the same."""
+    random.seed(1337)
+    model = MLP(2, [16, 16, 1])
+    random.seed(1337)
+    expected = []
+    for nin, nout in [(2, 16), (16, 16), (16, 1)]:
+        for _ in range(nout):
+            expected += [random.uniform(-1, 1) for _ in range(nin)] + [0.0]
+    assert [p.data for p in model.parameters()] == expected
+    random.seed(1337)
+    seeded = MLP(2, [16, 16, 1], seed=5)
+    assert [p.data for p in seeded.parameters()] != expected
+    assert random.uniform(-1, 1) == expected[0], "seed= must leave the global random alone"
+    with pytest.raises(ValueError, match='init'):
+        MLP(2, [1], init='xavier')
+
+
+def test_value_data_stays_a_python_float():
+    v = Value(1.0)
+    v.data = np.float32(0.1)
+    assert type(v.data) is float and v.data == float(np.float32(0.1))
+    w = v * 3.0
+    assert w.data == float(np.float32(0.1)) * 3.0      # float64 arithmetic, not float32
+    with pytest.raises(TypeError, match='real number'):
+        v.data = '1.5'
+    with pytest.raises(TypeError, match='real number'):
+        v.data = None
 
 
 def test_mlp_learns_xor():

@@ -109,7 +109,7 @@ def test_numeric_exponents_of_any_real_type_are_emitted_exactly(k):
     y = x ** 2
     y._arg = k
     source = emit((y, [x], [], []))
-    assert f'pow(data[0], {c_double(float(k))})' in source
+    assert f'pow(v[0], {c_double(float(k))})' in source
 
 
 @pytest.mark.parametrize('bad', ['1.5', 'nan', None, True, 1 + 2j, [1.0], object()])
@@ -117,7 +117,10 @@ def test_numeric_exponents_of_any_real_type_are_emitted_exactly(k):
 def test_non_numeric_data_is_a_trace_error(where, bad):
     x, w, c = Value(0.0), Value(2.0), Value(3.0)
     loss = x * w + c
-    {'constant': c, 'inputs': x, 'params': w}[where].data = bad
+    leaf = {'constant': c, 'inputs': x, 'params': w}[where]
+    with pytest.raises(TypeError, match='real number'):
+        leaf.data = bad                 # Value.data refuses it ...
+    leaf._data = bad                    # ... and trace too, if it got there anyway
     name = {'constant': "constant leaf's data", 'inputs': r'inputs\[0\].data', 'params': r'params\[0\].data'}[where]
     with pytest.raises(compiler.TraceError, match=name):
         compiler.trace(loss, [x], [w])
@@ -129,6 +132,7 @@ def test_numpy_scalar_data_is_read_as_its_float():
     x, w, c = Value(0.0), Value(2.0), Value(3.0)
     loss = x * w + c
     c.data, w.data = np.float32(0.1), np.float16(0.3)
+    assert type(c.data) is float and type(w.data) is float
     program = compiler.trace(loss, [x], [w])
     assert program.constants == {2: float(np.float32(0.1))}
     m = compiler.compile(loss, [x], [w], cc=FAST_CC)
