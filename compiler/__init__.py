@@ -14,67 +14,145 @@ import contextlib
 import gc
 import os
 import time
+import warnings
 
-from compiler.build import (BuildError, CompileError, CompilerNotFound, CompileTimeout,
+from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
                             HeadersNotFound, DEFAULT_TIMEOUT, build_extension,
                             default_flags, find_compiler)
 from compiler.codegen import emit_module
-from compiler.ir import MatVec, Op, Program, Sum
+from compiler.ir import MatVec, Op, Program, Sum, inputs_used
 from compiler.load import load_module
-from compiler.model import CompiledModel
-from compiler.trace import TraceError, trace
+from compiler.export import ExportError, load
+from compiler.model import CompiledModel, resolve_threads
+from compiler.optim import OPTIMIZERS, SGD, Adam, AdamW
+from compiler.trace import TraceError, trace, trace_graph
+from micrograd.engine import Value
 from compiler.vectorize import vectorize as _vectorize   # the pass; `vectorize` is compile's switch
 
-__all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program',
-           'Op', 'Sum', 'MatVec', 'BuildError', 'CompileError', 'CompilerNotFound',
+__all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op', 'Sum', 'MatVec',
+           'SGD', 'Adam', 'AdamW', 'load', 'ExportError', 'BuildError', 'CacheError', 'CompileError', 'CompilerNotFound',
            'CompileTimeout', 'HeadersNotFound', 'TraceError', 'find_compiler']
 
 
+
 def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=None,
-            native=False, vectorize=True, timeout=DEFAULT_TIMEOUT, include_dir=None):
+            native=False, vectorize=True, timeout=DEFAULT_TIMEOUT, include_dir=None,
+            optimizer=None, input_grads=False, constants=(), threads=None):
     """Trace the graph of ``loss`` once and build it into a ``CompiledModel``.
 
     ``inputs`` are the leaf Values fed by ``set_input`` (or the rows of
-    ``train_batch``/``predict``), ``params`` the leaves trained by ``update``,
-    ``outputs`` any Values to read after ``forward``. Every other leaf is a
-    constant. ``vectorize`` runs the vectorizing pass (exact: results are
-    bit for bit those of the straight-line program). ``cc`` picks the C compiler (``'tcc'``, ``'clang'``, ``'gcc'`` or a
-    path; default ``$CC`` or the best installed); ``flags`` replaces the
-    default flags entirely; otherwise ``opt`` sets the optimisation level
-    (default: the fastest for that compiler) and ``native=True`` adds
-    ``-march=native``. ``include_dir`` is the folder of ``Python.h`` (default:
-    ``$MICROGRAD_PYTHON_INCLUDE``, else this interpreter's).
+    ``train_batch``/``predict``), ``params`` the leaves trained by ``update``
+    or ``optimizer``, ``outputs`` any Values to read after ``forward``. Every
+    other leaf is a constant; leaves you created yourself that are constants
+    belong in ``constants`` (else a warning says that they may be forgotten
+    inputs or parameters; numbers an op wrapped never warn).
+
+    ``optimizer`` (``compiler.SGD``, ``Adam`` or ``AdamW``) runs in C for
+    ``m.step()`` and ``m.train_batch``; ``input_grads=True`` makes
+    ``backward`` also produce d loss / d input (``m.input_grads()``);
+    ``threads`` caps the threads of ``train_batch`` and ``predict`` (default:
+    ``$MICROGRAD_THREADS``, else the cores this process may use).
+    ``vectorize`` runs the vectorizing pass (exact: results are bit for bit
+    those of the straight-line program). ``cc`` picks the C compiler
+    (``'tcc'``, ``'clang'``, ``'gcc'`` or a path; default ``$CC`` or the best
+    installed); ``flags`` replaces the default flags entirely; otherwise
+    ``opt`` sets the optimisation level (default: the fastest for that
+    compiler) and ``native=True`` adds ``-march=native``. ``include_dir`` is
+    the folder of ``Python.h`` (default: ``$MICROGRAD_PYTHON_INCLUDE``, else
+    this interpreter's).
     """
-    inputs, params, outputs = list(inputs), list(params), list(outputs)   # generators too
+    inputs, params, outputs, constants = _lists(inputs, params, outputs, constants)
+    if optimizer is not None and not isinstance(optimizer, OPTIMIZERS):
+        raise TypeError(f"optimizer must be compiler.SGD, Adam or AdamW, not {type(optimizer).__name__}")
+    threads = resolve_threads(threads)
     timings = {}
     with _cyclic_gc_paused():
         t0 = time.perf_counter()
-        program = trace(loss, inputs, params, outputs)
+        program, _, undeclared = trace_graph(loss, inputs, params, outputs, constants, input_grads)
+        _refuse_silent_mistakes(program, params, undeclared, inputs)
         t1 = time.perf_counter()
         timings['trace'] = t1 - t0
         if vectorize:
             program = _vectorize(program)
         timings['passes'] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        source = emit_module(program)
+        source = emit_module(program, optimizer=optimizer)
         t2 = time.perf_counter()
         timings['codegen'] = t2 - t1
     toolchain = find_compiler(cc)
-    flags = list(flags) if flags is not None else default_flags(toolchain, opt, native)
+    from compiler.build import check_flags, check_opt, discard_entry, program_hash
+    check_opt(opt)          # 'O2' or '-Ofast' is refused even when flags= makes it unused
+    flags = check_flags(flags) if flags is not None else default_flags(toolchain, opt, native)
     build = build_extension(source, toolchain, flags, timeout, include_dir)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2
-    try:
-        module = load_module(build.path)
-    finally:
-        if build.temporary:
-            _remove_build_dir(build.path)
+    # The module must be the program just compiled: a cache entry replaced by
+    # another graph's object (and its checksum) is discarded and rebuilt once.
+    for attempt in (1, 2):
+        try:
+            module = load_module(build.path)
+            got, expected = getattr(module, 'program_hash', None), program_hash(source)
+            problem = None if got == expected else (f"it reports program_hash {got}, but the "
+                                                    f"program compiled has {expected}")
+        except (ImportError, OSError) as e:
+            problem = f"it does not load ({e})"
+        finally:
+            if build.temporary:
+                _remove_build_dir(build.path)
+        if problem is None:
+            break
+        if not build.cached or attempt == 2:
+            raise BuildError(f"the shared object {build.path} cannot be used: {problem}",
+                             cmd=build.cmd)
+        discard_entry(build.path)
+        build = build_extension(source, toolchain, flags, timeout, include_dir)
     timings['load'] = time.perf_counter() - t3
-    model = CompiledModel(module, program, build, timings)
-    model.source = source
+    model = CompiledModel(module, program, build, timings, source, optimizer=optimizer, params=params,
+                          input_labels=[v.label for v in inputs], param_labels=[v.label for v in params],
+                          input_grads=input_grads)
     if params:
         model.set_params([p.data for p in params])
+    model.threads = threads
     return model
+
+
+def _lists(inputs, params, outputs, constants):
+    """The four lists (generators too), refusing a ``Module`` where a list of
+    Values belongs."""
+    out = []
+    for name, value in (('inputs', inputs), ('params', params), ('outputs', outputs),
+                        ('constants', constants)):
+        if hasattr(value, 'parameters') and callable(value.parameters):
+            raise TraceError(f"{name}= got a {type(value).__name__}, not a list of Values: "
+                             f"pass {name}=model.parameters()")
+        if isinstance(value, Value):
+            raise TraceError(f"{name}= got a single Value: pass a list, {name}=[v]")
+        out.append(list(value))
+    return out
+
+
+def _labels(values, limit=8):
+    labels = [v.label or f'Value(data={v.data:g})' for v in values[:limit]]
+    return ', '.join(labels) + (f' and {len(values) - limit} more' if len(values) > limit else '')
+
+
+def _refuse_silent_mistakes(program, params, undeclared, inputs):
+    """No silent mistakes: leaves the user made that are neither inputs,
+    parameters nor declared constants, and inputs nothing depends on."""
+    if undeclared and not params:
+        raise TraceError(f"params is empty, but the loss depends on {len(undeclared)} leaf Values you "
+                         f"created that are neither inputs nor constants ({_labels(undeclared)}): they "
+                         f"would never be trained. Pass params=model.parameters() (or list them in "
+                         f"constants=[...] if they are meant to stay fixed)")
+    if undeclared:
+        warnings.warn(f"{len(undeclared)} leaf Values you created are neither inputs, params nor "
+                      f"constants=[...] ({_labels(undeclared)}); they are compiled as constants with "
+                      f"their current values", UserWarning, stacklevel=3)
+    used = set(inputs_used(program))
+    unused = [inputs[i] for i in range(program.n_inputs) if i not in used]
+    if unused:
+        warnings.warn(f"{len(unused)} inputs affect neither the loss nor the outputs "
+                      f"({_labels(unused)})", UserWarning, stacklevel=3)
 
 
 @contextlib.contextmanager

@@ -5,19 +5,25 @@ match them, and ``templates/module.c`` receives them through placeholders.
 Nothing here depends on a particular program.
 """
 
-# Rows whose running sums a vector-op loop keeps in registers at once: 8
-# AVX-512 registers. Each row's sum is a chain of dependent additions, so the
-# loop is only as fast as it has independent rows in flight (benchmarks: 64
+# Outputs whose running sums a vector-op loop keeps in registers at once: 8
+# AVX-512 registers. Each sum is a chain of dependent additions, so the loop
+# is only as fast as it has independent sums in flight (benchmarks: 64
 # trains 5-20% faster than 16 with AVX2 and AVX-512).
-ROW_BLOCK = 64
+OUT_BLOCK = 64
 
 # Columns of x tested at once for zeros.
 ZERO_GROUP = 8
 
-# Input rows whose weight gradients train_batch records before adding them up
-# (each weight's contributions then go in row order, its running sum in a
-# register).
-DEFER_ROWS = 64
+# Input rows a module runs through forward and backward together (a block):
+# its threads share a block's rows, and parameter gradients are added up
+# over a block's rows (in row order) after its backward. A block's values and
+# gradients take at most BLOCK_BYTES (fewer rows when rows are large).
+BLOCK_ROWS = 256
+BLOCK_BYTES = 16 << 20
+
+# Each row's values and gradients start on a multiple of this many doubles
+# (64 bytes: a cache line, an AVX-512 vector).
+ROW_ALIGN = 8
 
 # Terms per C statement of a long Sum: keeps expression trees shallow.
 TERMS_PER_LINE = 32
@@ -26,12 +32,10 @@ TERMS_PER_LINE = 32
 # size of one function; chunks of this size keep them near-linear.
 CHUNK = 2000
 
-# The C parameters of the program's functions, and the names to pass on:
-# (parameter list, argument list).
-FORWARD_PARAMS = ('double *restrict data, const double *restrict aux, int *restrict index',
-                  'data, aux, index')
-# place: -1 adds the weight gradients of vector ops at once; train_batch
-# passes each input row's place among the DEFER_ROWS it records for flush.
-BACKWARD_PARAMS = ('double *restrict data, double *restrict grad, const double *restrict aux, '
-                   'int *restrict index, double *restrict defer, int place',
-                   'data, grad, aux, index, defer, place')
+# The C parameters of the per-row functions of scalar code, and the names
+# to pass on: (parameter list, argument list). v, g: one row's values and
+# gradients; p, gp: the shared parameters and constants, and the parameter
+# gradients.
+FORWARD_PARAMS = ('double *restrict v, const double *restrict p', 'v, p')
+BACKWARD_PARAMS = ('const double *restrict v, double *restrict g, const double *restrict p, '
+                   'double *restrict gp', 'v, g, p, gp')

@@ -17,6 +17,8 @@ Ops:
 - ``MatVec``: ``y = heads + W x`` with each row summed in column order (the
   vectorizing pass lifts neuron rows into it).
 """
+import array
+import hashlib
 from dataclasses import dataclass, field
 
 
@@ -148,6 +150,10 @@ class Program:
     passes: tuple = field(default=())
     slot_map: list = None    # after a renumbering pass: old slot -> new slot (None: eliminated)
     param_order: tuple = None   # the slot of each parameter, in ``params`` order (None: in order)
+    graph_hash: str = ''     # names the traced graph; passes keep it (see graph_hash())
+    input_grads: bool = False   # backward also computes d loss / d input
+    labels: dict = None      # slot -> the user's label of its Value (for printing only)
+    prefix_sums: tuple = ()  # a sequence's partial loss sums, one per position (see trace)
 
     @property
     def param_start(self):
@@ -174,26 +180,97 @@ class Program:
         return self.ops[:self.n_grad_ops]
 
     def __str__(self):
+        """The program, runs of identical scalar ops over consecutive slots
+        folded into one line (``%a..%b = relu(%c..%d)``), the user's labels
+        as comments."""
+        labels = self.labels or {}
+
+        def leaves(name, first, n):
+            if not n:
+                return f'  {name}  none'
+            named = [labels[s] for s in range(first, first + n) if s in labels]
+            shown = f'  # {", ".join(named[:6])}{", ..." if len(named) > 6 else ""}' if named else ''
+            return f'  {name}  {_span(first, first + n - 1)}{shown}'
         lines = [f'program: {self.n_slots} slots, {len(self.ops)} ops'
                  + (f' (passes: {", ".join(self.passes)})' if self.passes else ''),
-                 f'  inputs  %0..%{self.n_inputs - 1}' if self.n_inputs else '  inputs  none',
-                 f'  params  %{self.param_start}..%{self.param_end - 1}' if self.n_params else '  params  none']
+                 leaves('inputs', 0, self.n_inputs), leaves('params', self.param_start, self.n_params)]
         for slot, value in self.constants.items():
             lines.append(f'  const   %{slot} = {value!r}')
-        for i, op in enumerate(self.ops):
-            if i == self.n_grad_ops:
+        for part, ops in (('', self.ops[:self.n_grad_ops]), ('outputs', self.ops[self.n_grad_ops:])):
+            if part and ops:
                 lines.append('  -- outputs only (not differentiated) --')
-            lines.append(f'  {op}')
-        lines.append(f'  loss    %{self.loss}')
+            for run in scalar_runs(ops):
+                named = [labels[o] for op in run for o in op.writes if o in labels]
+                note = f'  # {named[0]}' + (f' .. {named[-1]}' if len(named) > 1 else '') if named else ''
+                lines.append(f'  {_run_text(run)}{note}')
+        lines.append(f'  loss    %{self.loss}' + (f'  # {labels[self.loss]}' if self.loss in labels else ''))
         if self.outputs:
             lines.append(f'  outputs {", ".join(f"%{s}" for s in self.outputs)}')
         return '\n'.join(lines)
 
 
+def scalar_runs(ops):
+    """``ops`` in maximal runs: scalar ops of one name (and exponent) whose
+    outputs are consecutive slots and whose operands are, position by
+    position, either consecutive slots or one slot throughout. Every other op
+    is a run of its own."""
+    runs = []
+    for op in ops:
+        if runs and _extends(runs[-1], op):
+            runs[-1].append(op)
+        else:
+            runs.append([op])
+    return runs
+
+
+def _extends(run, op):
+    first, last = run[0], run[-1]
+    if type(op) is not Op or type(first) is not Op or op.name != first.name or op.k != first.k:
+        return False
+    if op.out != last.out + 1 or any(first.out <= a < op.out for a in op.args):
+        return False      # not consecutive, or a chain reading the run itself
+    steps = [b - a for a, b in zip(last.args, op.args)]
+    if len(run) == 1:
+        return all(step in (0, 1) for step in steps)
+    return steps == [b - a for a, b in zip(run[0].args, run[1].args)]
+
+
+def _span(a, b):
+    return f'%{a}' if a == b else f'%{a}..%{b}'
+
+
+def _run_text(run):
+    if len(run) == 1:
+        return str(run[0])
+    first, last = run[0], run[-1]
+    args = ', '.join(_span(a, b) for a, b in zip(first.args, last.args))
+    if first.k is not None:
+        args += f', {first.k!r}'
+    return f'{_span(first.out, last.out)} = {first.name}({args})'
+
+
+def graph_hash(program):
+    """A name for a traced program's graph: its ops, constants, inputs,
+    parameters, loss and outputs. Passes keep it, so weights saved from one
+    build of a graph fit every other build of it."""
+    codes = {name: i for i, name in enumerate(SCALAR_OPS)}
+    flat = array.array('q', [program.n_inputs, program.n_params, program.loss, *program.outputs])
+    for op in program.ops:
+        flat.append(codes[op.name])
+        flat.extend(op.args)
+    h = hashlib.sha256(flat.tobytes())
+    h.update(repr([(s, v.hex()) for s, v in program.constants.items()]).encode())
+    h.update(repr([op.k.hex() for op in program.ops if op.k is not None]).encode())
+    return h.hexdigest()[:16]
+
+
 def needs_grad(program):
-    """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter."""
+    """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter
+    (or, with ``program.input_grads``, an input)."""
     flags = bytearray(program.n_slots)
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
+    if program.input_grads:
+        flags[:program.n_inputs] = b'\x01' * program.n_inputs
     for op in program.grad_ops:
         if type(op) is Op:
             if any(map(flags.__getitem__, op.args)):
@@ -202,3 +279,58 @@ def needs_grad(program):
             for o in op.writes:
                 flags[o] = 1
     return flags
+
+
+
+def prefix_cuts(program):
+    """For a sequence program, the index of the op writing each partial sum:
+    forward over ``n`` positions runs ``ops[:cuts[n - 1] + 1]``."""
+    at = {op.out: i for i, op in enumerate(program.ops) if type(op) is Op or type(op) is Sum}
+    return [at[s] for s in program.prefix_sums]
+
+
+def prefixes_hold(program):
+    """Whether every position's ops are exactly what its partial sum needs:
+    the ops after position ``j - 1``'s cut, up to and including position
+    ``j``'s, all lie in the cone of ``prefix_sums[j]``. Then running the
+    first ``n`` positions computes nothing a shorter sequence does not use,
+    and its backward adds nothing to any gradient the interpreter's does not."""
+    cuts = prefix_cuts(program)
+    if len(cuts) != len(program.prefix_sums) or cuts != sorted(cuts):
+        return False
+    if program.n_grad_ops != len(program.ops) or program.ops[-1].out != program.loss \
+            or cuts[-1] != len(program.ops) - 2:
+        return False
+    start = 0
+    for cut in cuts:
+        live = {program.ops[cut].out}
+        for op in reversed(program.ops[start:cut + 1]):
+            if not any(o in live for o in op.writes):
+                return False
+            live.update(op.reads)
+        start = cut + 1
+    return True
+
+
+def features(program):
+    """The inputs the outputs depend on, in order: what ``predict`` needs."""
+    live = _live(program, program.outputs)
+    return [s for s in range(program.n_inputs) if live[s]]
+
+
+def inputs_used(program):
+    """The inputs the loss or the outputs depend on, in order."""
+    live = _live(program, (program.loss, *program.outputs))
+    return [s for s in range(program.n_inputs) if live[s]]
+
+
+def _live(program, roots):
+    """``live[s]``: whether a slot of ``roots`` depends on slot ``s``."""
+    live = bytearray(program.n_slots)
+    for s in roots:
+        live[s] = 1
+    for op in reversed(program.ops):
+        if any(live[o] for o in op.writes):
+            for a in op.reads:
+                live[a] = 1
+    return live

@@ -1,89 +1,111 @@
 """``CompiledModel``: the Python face of one compiled graph."""
+import os
+
 import numpy as np
+
+from compiler import weights as weights_file
+from compiler.ir import features
 
 
 class CompiledModel:
     """A traced graph running as C. See ``compiler.compile``.
 
     The hot calls (``set_input``, ``forward``, ``backward``, ``zero_grad``,
-    ``update``) are the extension's own ``METH_FASTCALL`` functions, bound
-    directly; the rest wrap them to return numpy arrays.
+    ``update``, ``step``) are the generated ``nn`` module's own
+    ``METH_FASTCALL`` functions, bound directly; the rest wrap them to return
+    numpy arrays. Every vector is in the order of the lists given to
+    ``compile`` (a pass may store the parameters otherwise; the module
+    translates at its boundary).
     """
 
-    def __init__(self, module, program, build, timings):
+    def __init__(self, module, program, build, timings, source, optimizer=None, params=None,
+                 input_labels=None, param_labels=None, input_grads=False):
         self.module = module
         self.program = program
-        # where each parameter sits in the module's parameter block (a pass
-        # may have permuted them): position in ``params`` -> offset
-        self._offsets = np.asarray(program.param_slots, dtype=np.intp) - program.param_start
         self.build = build
         self.timings = timings      # seconds: trace, passes, codegen, compile, load
+        self.source = source
+        self.optimizer = optimizer
+        self.has_input_grads = input_grads
+        self._param_values = params     # the Values given as params (for write_back), or None
+        self.input_labels = list(input_labels) if input_labels is not None else [''] * program.n_inputs
+        self.param_labels = list(param_labels) if param_labels is not None else [''] * program.n_params
+        self.features = _features(module, program)
         self.set_input = module.set_input
         self.forward = module.forward
         self.backward = module.backward
         self.zero_grad = module.zero_grad
         self.update = module.update
+        self.step = module.step
 
     @property
     def n_inputs(self):
-        return self.program.n_inputs
+        return self.module.n_inputs
 
     @property
     def n_params(self):
-        return self.program.n_params
+        return self.module.n_params
 
     @property
     def n_outputs(self):
-        return len(self.program.outputs)
+        return self.module.n_outputs
+
+    @property
+    def threads(self):
+        """Threads ``train_batch`` and ``predict`` may use (the results are the
+        same bits for any number)."""
+        return self.module.get_threads()
+
+    @threads.setter
+    def threads(self, n):
+        self.module.set_threads(n)
+
+    def _read(self, read, n):
+        out = np.empty(n)
+        read(out)
+        return out
 
     def outputs(self):
         """The values of ``outputs`` after the last ``forward``."""
-        out = np.empty(self.n_outputs)
-        self.module.read_outputs(out)
-        return out
+        return self._read(self.module.read_outputs, self.n_outputs)
 
     def params(self):
-        """The parameters, in ``params`` order (float64)."""
-        return self._in_params_order(self.module.read_params)
+        """The parameters (float64, ``params`` order)."""
+        return self._read(self.module.read_params, self.n_params)
 
     def grads(self):
-        """The parameters' gradients, in ``params`` order (float64)."""
-        return self._in_params_order(self.module.read_grads)
+        """The parameters' gradients (float64, ``params`` order)."""
+        return self._read(self.module.read_grads, self.n_params)
 
-    def _in_params_order(self, read):
-        block = np.empty(self.n_params)
-        read(block)
-        return block[self._offsets]
+    def input_grads(self):
+        """d loss / d input, accumulated over ``backward()`` calls since the
+        last ``zero_grad()`` (float64, ``inputs`` order; zeros unless
+        compiled with ``input_grads=True``)."""
+        return self._read(self.module.read_input_grads, self.n_inputs)
+
+    def optimizer_state(self):
+        """The optimizer's state: its step count, then its vectors (``params`` order)."""
+        return self._read(self.module.read_state, self.module.state_size)
+
+    def set_optimizer_state(self, state):
+        self.module.write_state(_vector(state, self.module.state_size, 'set_optimizer_state'))
 
     def set_params(self, values):
         """Set the parameters (in ``params`` order) from a sequence or array of
         finite real numbers (converted to float64)."""
-        try:
-            values = np.asarray(values)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"set_params(): values must be a sequence of {self.n_params} numbers ({e})") from None
-        if values.dtype.kind not in 'fiu':
-            raise TypeError(f"set_params(): values must be real numbers, got an array of dtype {values.dtype}")
-        if values.shape != (self.n_params,):
-            raise ValueError(f"set_params(): values must have shape ({self.n_params},), got {values.shape}")
-        values = np.ascontiguousarray(values, dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            raise ValueError(f"set_params(): values[{bad[0]}] is not finite ({values[bad[0]]!r})")
-        block = np.empty(self.n_params)
-        block[self._offsets] = values
-        self.module.write_params(block)
+        self.module.write_params(_vector(values, self.n_params, 'set_params'))
 
-    def train_batch(self, X, lr):
-        """One SGD step on the mean gradient over the rows of ``X``; returns the mean loss.
-
-        ``X`` is a C-contiguous float64 array ``[rows, n_inputs]``.
-        """
+    def train_batch(self, X, lr=None):
+        """One step on the mean gradient over the rows of ``X`` (a C-contiguous
+        float64 array ``[rows, n_inputs]``); returns the mean loss. ``lr``
+        overrides the compiled optimizer's learning rate (without an
+        optimizer, it is required: plain SGD)."""
         return self.module.train_batch(X, lr)
 
     def predict(self, X):
         """Forward only on every row of ``X`` (a C-contiguous float64 array
-        ``[rows, n_inputs]``): float64 ``[rows, n_outputs]``."""
+        ``[rows, n_inputs]``, or ``[rows, len(features)]`` holding only the
+        inputs the outputs depend on): float64 ``[rows, n_outputs]``."""
         shape = getattr(X, 'shape', None)
         if not isinstance(shape, tuple) or len(shape) != 2:
             raise TypeError(f"predict(): X must be a 2-D float64 array [rows, {self.n_inputs}], "
@@ -92,7 +114,92 @@ class CompiledModel:
         self.module.predict(X, out)
         return out
 
+    def write_back(self):
+        """Copy the compiled parameters and their gradients into the ``Value``
+        objects given as ``params``, so the interpreter (and ``draw_dot``)
+        see the trained model."""
+        if self._param_values is None:
+            raise RuntimeError("write_back(): this model was loaded without its Values "
+                               "(compiler.load); use params() instead")
+        for v, p, g in zip(self._param_values, self.params().tolist(), self.grads().tolist()):
+            v.data, v.grad = p, g
+
+    def export(self, folder):
+        """Write ``folder`` with ``nn.c``, ``nn.abi3.so`` (current weights built
+        in) and ``nn.json``, so that ``sys.path.insert(0, folder); import nn``
+        works anywhere (compiler/export.py)."""
+        from compiler.export import export
+        return export(self, folder)
+
+    def save_weights(self, path, metadata=None):
+        """Write the parameters (``params`` order), their labels and the
+        optimizer's state to an ``.npz`` file (compiler/weights.py), with
+        ``metadata`` (a dict of arrays) as ``meta_<key>``."""
+        weights_file.save(path, self, metadata)
+
+    def load_weights(self, path):
+        """Read parameters (and optimizer state) written by ``save_weights``
+        for this model; refuses a file of another model, changing nothing."""
+        weights_file.load(path, self)
+
+    def summary(self):
+        """A table of what was built: one line per vector op and per run of
+        scalar ops (kind, shape, parameters, labels), then the totals, the
+        compiler and the seconds of each stage of ``compile()``."""
+        from compiler.summary import summary
+        return summary(self)
+
+    def draw(self, path):
+        """The compiled program as a picture (vector ops and runs of scalar
+        ops) at ``path`` (.png, .svg, .pdf; needs graphviz)."""
+        from compiler.summary import draw
+        return draw(self, path)
+
     def __repr__(self):
         b = self.build
+        family = b.toolchain.family if b and b.toolchain else 'loaded'
         return (f'<CompiledModel {self.n_inputs} inputs, {self.n_params} params, '
-                f'{self.n_outputs} outputs; {b.toolchain.family} {" ".join(b.flags)}>')
+                f'{self.n_outputs} outputs; {family} {" ".join(b.flags) if b else ""}>')
+
+
+def _features(module, program):
+    """Positions (in ``inputs``) of the inputs the outputs depend on."""
+    return features(program) if program is not None else list(module.features)
+
+
+def _vector(values, n, func):
+    """``values`` as a float64 vector of ``n`` finite reals, or a clear error."""
+    try:
+        values = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{func}(): values must be a sequence of {n} numbers ({e})") from None
+    if values.dtype.kind not in 'fiu':
+        raise TypeError(f"{func}(): values must be real numbers, got an array of dtype {values.dtype}")
+    if values.shape != (n,):
+        raise ValueError(f"{func}(): values must have shape ({n},), got {values.shape}")
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"{func}(): values[{bad[0]}] is not finite ({values[bad[0]]!r})")
+    return values
+
+
+MAX_THREADS = 64     # as the generated module allows
+
+
+def resolve_threads(threads):
+    """``threads``, else ``$MICROGRAD_THREADS``, else the cores this process may use."""
+    if threads is None:
+        env = os.environ.get('MICROGRAD_THREADS', '').strip()
+        if env:
+            try:
+                threads = int(env)
+            except ValueError:
+                raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
+        else:
+            threads = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int, not {type(threads).__name__}")
+    if not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be from 1 to {MAX_THREADS}, got {threads}")
+    return min(threads, MAX_THREADS)

@@ -1,8 +1,8 @@
 """Trace a ``Value`` graph once into a ``Program``."""
 import numbers
 
-from micrograd.engine import Value, topological_order
-from compiler.ir import SCALAR_OPS, Op, Program
+from micrograd.engine import Constant, Value, topological_order
+from compiler.ir import SCALAR_OPS, Op, Program, graph_hash, prefixes_hold
 
 
 class TraceError(TypeError):
@@ -24,21 +24,37 @@ def _check_leaves(values, what):
     return values
 
 
-def trace(loss, inputs=(), params=(), outputs=()):
-    """The ``Program`` computing ``loss`` (and ``outputs``) from ``inputs`` and ``params``."""
-    return trace_with_slots(loss, inputs, params, outputs)[0]
+def trace(loss, inputs=(), params=(), outputs=(), input_grads=False):
+    """The ``Program`` computing ``loss`` (and ``outputs``) from ``inputs`` and ``params``
+    (and, with ``input_grads``, the gradients of the inputs too)."""
+    return trace_graph(loss, inputs, params, outputs, input_grads=input_grads)[0]
 
 
 def trace_with_slots(loss, inputs=(), params=(), outputs=()):
-    """``trace``, and the slot of every ``Value`` in the graph (for debugging and tests).
+    """``trace``, and the slot of every ``Value`` in the graph (for debugging and tests)."""
+    return trace_graph(loss, inputs, params, outputs)[:2]
 
-    The ``Program`` computing ``loss`` (and ``outputs``) from ``inputs`` and ``params``.
 
-    Ops are in the interpreter's topological order from the loss, so that the
-    compiled backward pass accumulates every gradient in the interpreter's
-    order; ops needed only by ``outputs`` follow. Leaves not listed in
-    ``inputs`` or ``params`` become constants with their current value.
+def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grads=False):
+    """``(program, slot of every Value, undeclared leaves)``.
+
+    The ``Program`` computes ``loss`` (and ``outputs``) from ``inputs`` and
+    ``params``. Ops are in the interpreter's topological order from the loss,
+    so that the compiled backward pass accumulates every gradient in the
+    interpreter's order; ops needed only by ``outputs`` follow. Leaves not
+    listed in ``inputs`` or ``params`` become constants with their current
+    value; the *undeclared* ones are those the user created (not numbers an
+    op wrapped, ``micrograd.engine.Constant``) and did not list in
+    ``constants`` either: perhaps parameters or inputs left out by mistake.
+
+    ``loss`` may be a list of Values, one loss per position of a sequence:
+    the program's loss is then their mean as Karpathy's microgpt computes it,
+    ``(1 / n) * sum(losses)``, and it can run the first ``n`` positions alone
+    (``Program.prefix_sums``: the partial sums, one per position).
     """
+    prefix = None
+    if isinstance(loss, (list, tuple)):
+        loss, prefix = _sequence_loss(loss)
     if not isinstance(loss, Value):
         raise TraceError(f"loss is a {type(loss).__name__}, not a Value")
     outputs = list(outputs)
@@ -47,6 +63,7 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
             raise TraceError(f"outputs[{i}] is a {type(v).__name__}, not a Value")
     inputs = _check_leaves(inputs, 'inputs')
     params = _check_leaves(params, 'params')
+    declared = set(map(id, _check_leaves(constants, 'constants')))
     if set(map(id, inputs)) & set(map(id, params)):
         raise TraceError("a Value is listed both in inputs and in params")
 
@@ -61,6 +78,7 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
         raise TraceError("the graph holds an operand that is not a Value") from None
 
     constants = {}
+    undeclared = []
     computed = []
     for v in order:
         if not isinstance(v, Value) or type(v._prev) is not tuple:
@@ -74,6 +92,8 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
                 raise TraceError(f"a leaf Value has op {v._op!r}; leaves have none")
             constants[len(slot)] = _real(v.data, "a constant leaf's data")
             slot[v] = len(slot)
+            if type(v) is not Constant and id(v) not in declared:
+                undeclared.append(v)
 
     ops = []
     n_cone = sum(1 for v in cone if v._prev)
@@ -98,8 +118,35 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
 
     program = Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
                       constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
-                      outputs=tuple(slot[v] for v in outputs))
-    return program, slot
+                      outputs=tuple(slot[v] for v in outputs), input_grads=bool(input_grads))
+    if prefix is not None:
+        program.prefix_sums = tuple(slot[v] for v in prefix)
+        if not prefixes_hold(program):
+            raise TraceError("the per-position losses do not run position by position: the "
+                             "ops of a later position are needed before an earlier one's loss")
+    program.graph_hash = graph_hash(program)
+    program.labels = {s: v.label for v, s in slot.items() if v.label and type(v.label) is str}
+    return program, slot, undeclared
+
+
+def _sequence_loss(losses):
+    """``(1 / n) * sum(losses)`` built as Python builds it (``0 + l0``, then
+    ``+ l1``...), and its partial sums: the interpreter's loss of a sequence,
+    and where each shorter one stops."""
+    losses = list(losses)
+    if not losses:
+        raise TraceError("loss is an empty list: give one loss Value per position")
+    for i, v in enumerate(losses):
+        if not isinstance(v, Value):
+            raise TraceError(f"loss[{i}] is a {type(v).__name__}, not a Value")
+    if len(set(map(id, losses))) != len(losses):
+        raise TraceError("loss lists the same Value twice")
+    total = 0 + losses[0]
+    partial = [total]
+    for v in losses[1:]:
+        total = total + v
+        partial.append(total)
+    return (1 / len(losses)) * total, partial
 
 
 def _real(x, what):

@@ -6,8 +6,10 @@ products from a scalar ``Program``, keeping its results bit for bit.
 2. Rows: a fold whose terms are an optional head followed by products
    ``a * b`` (each used once) is a dot product with a head (a bias).
 3. Layers: rows whose products share one side, in the same order (the
-   vector ``x``), and whose other sides are parameters used once (the matrix
-   ``W``), become one ``MatVec``. Slots are renumbered so that ``x`` and the
+   vector ``x``), and whose other sides are parameters (the matrix ``W``),
+   become one ``MatVec``. A matrix may be applied to several vectors (at
+   several positions, time steps): its ``MatVec`` ops then share one block
+   of parameters, as long as every use of its weights is in such an op. Slots are renumbered so that ``x`` and the
    outputs ``y`` are contiguous, and parameters are permuted so that each
    ``W`` is one block, column by column (``Program.param_order`` records
    where each parameter went).
@@ -15,10 +17,10 @@ products from a scalar ``Program``, keeping its results bit for bit.
 
 Exactness: a lifted op performs the same roundings in the same order as the
 ops it replaces, and the pass only lifts where the backward pass's order of
-gradient contributions is unchanged. A layer is lifted only if its weights
-and heads are used once and its inputs either need no gradient or are used
-by this layer alone, with the rows reached in the same order for every
-column. After rescheduling, ``_same_gradient_order`` checks every slot with
+gradient contributions is unchanged. A layer is lifted only if its heads are
+used once, its weights only by layers of the same matrix, and its inputs
+either need no gradient or are used by this layer alone, with the rows
+reached in the same order for every column. After rescheduling, ``_same_gradient_order`` checks every slot with
 more than one consumer; if any order changed, the pass gives up and returns
 the program unchanged.
 """
@@ -26,7 +28,7 @@ import heapq
 from collections import Counter, defaultdict
 from itertools import chain
 
-from compiler.ir import MatVec, Op, Program, Sum, needs_grad
+from compiler.ir import MatVec, Op, Program, Sum, needs_grad, prefixes_hold
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -39,15 +41,24 @@ def vectorize(program):
     cone = program.ops[:program.n_grad_ops]
     producer = {op.out: i for i, op in enumerate(program.ops)}
     uses = Counter(chain.from_iterable(op.reads for op in program.ops))
-    uses.update((program.loss, *program.outputs))    # read from outside the program
+    uses.update((program.loss, *program.outputs, *program.prefix_sums))   # read from outside
     flags = needs_grad(program)
 
     folds = _flatten_sums(cone, producer, uses)
     rows = {}
-    for root, (terms, members) in folds.items():
+    for root, (terms, members) in list(folds.items()):
         row = _as_row(terms, cone, producer, uses)
-        if row is not None:
-            rows[root] = row
+        if row is None:
+            continue
+        k = row[3]
+        if k < len(terms):
+            # the row is a prefix of the fold (a residual or a bias added
+            # after it): split it off at the '+' that completes it
+            row_root = members[k - 2]
+            folds[row_root] = (terms[:k], members[:k - 1])
+            folds[root] = ([cone[row_root].out] + terms[k:], members[k - 1:])
+            root = row_root
+        rows[root] = row[:3]
     layers = _group_layers(rows, program, cone, producer, uses, flags)
 
     lifted = {}           # op index of a unit's representative -> lifted op (old slots)
@@ -75,7 +86,10 @@ def vectorize(program):
     schedule = _schedule(cone, producer, reads, absorbed)
     if not _same_gradient_order(cone, schedule, absorbed, flags, uses):
         return program
-    return _renumber(program, schedule, lifted, layers)
+    out = _renumber(program, schedule, lifted, layers)
+    if program.prefix_sums and not prefixes_hold(out):
+        return program        # a lifted op would mix positions
+    return out
 
 
 # -- 1. flatten ------------------------------------------------------------------
@@ -106,7 +120,9 @@ def _flatten_sums(cone, producer, uses):
 # -- 2. rows ---------------------------------------------------------------------
 
 def _as_row(terms, cone, producer, uses):
-    """``(head slot or None, [(a, b) of each product], product op indices)``, or None."""
+    """``(head slot or None, [(a, b) of each product], product op indices, k)``
+    for the longest first ``k`` terms of a fold that are an optional head and
+    then products (at least two), or None."""
     def product(t):
         j = producer.get(t)
         if j is not None and j < len(cone) and cone[j].name == '*' and uses[t] == 1:
@@ -115,11 +131,15 @@ def _as_row(terms, cone, producer, uses):
     if len(terms) >= 2 and product(terms[0]) is not None and product(terms[1]) is None:
         terms = [terms[1], terms[0]] + terms[2:]    # the first '+' is commutative
     head = None if product(terms[0]) is not None else terms[0]
-    products = terms[1:] if head is not None else terms
-    indices = [product(t) for t in products]
-    if len(indices) < MIN_ROW_PRODUCTS or any(j is None for j in indices):
+    indices = []
+    for t in terms[1:] if head is not None else terms:
+        j = product(t)
+        if j is None:
+            break
+        indices.append(j)
+    if len(indices) < MIN_ROW_PRODUCTS:
         return None
-    return head, [cone[j].args for j in indices], indices
+    return head, [cone[j].args for j in indices], indices, len(indices) + (head is not None)
 
 
 # -- 3. layers -------------------------------------------------------------------
@@ -174,7 +194,27 @@ def _group_layers(rows, program, cone, producer, uses, flags):
             continue
         taken.update(layer.roots)
         layers.append(layer)
-    return layers
+    return _consistent_weights(layers, uses)
+
+
+def _consistent_weights(layers, uses):
+    """The layers whose weights are used by lifted layers alone, each weight
+    matrix the same wherever it is used (a matrix applied at several
+    positions): its uses then share one block of parameters, laid out once.
+    Layers that break this are dropped until none does."""
+    while True:
+        count = Counter(s for layer in layers for row in layer.weights for s in row)
+        matrix = {}
+        bad = set()
+        for i, layer in enumerate(layers):
+            key = tuple(map(tuple, layer.weights))
+            for row in layer.weights:
+                for s in row:
+                    if count[s] != uses[s] or matrix.setdefault(s, key) != key:
+                        bad.add(i)
+        if not bad:
+            return layers
+        layers = [layer for i, layer in enumerate(layers) if i not in bad]
 
 
 def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
@@ -183,8 +223,8 @@ def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
     if len(set(vector)) != C:
         return None
     weights = [s for _, w in members for s in w]
-    if any(uses[s] != 1 for s in weights):     # so each weight is in one row, once
-        return None
+    if len(set(weights)) != len(weights):      # each weight in one row, once (it may be
+        return None                            # shared with other layers: _consistent_weights)
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
         return None
@@ -330,4 +370,8 @@ def _renumber(program, schedule, lifted, layers):
     return Program(n_slots=nxt, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, ops=ops, n_grad_ops=len(units),
                    loss=new[program.loss], outputs=tuple(new[s] for s in program.outputs),
-                   passes=program.passes + ('vectorize',), slot_map=new, param_order=param_slots)
+                   passes=program.passes + ('vectorize',), slot_map=new, param_order=param_slots,
+                   graph_hash=program.graph_hash, input_grads=program.input_grads,
+                   labels={new[s]: label for s, label in (program.labels or {}).items()
+                           if new[s] is not None},
+                   prefix_sums=tuple(new[s] for s in program.prefix_sums))

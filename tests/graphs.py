@@ -71,7 +71,7 @@ def reset(m):
 
 
 def snapshot(m):
-    data, grad = np.empty(m.module.n_slots), np.empty(m.n_params)
+    data, grad = np.empty(m.module.n_data), np.empty(m.n_params)
     m.module.read_data(data)
     m.module.read_grads(grad)
     return data, grad

@@ -92,6 +92,18 @@ def test_random_graphs_match_the_interpreter_exactly(cc, vectorize_on, recipe, d
     assert_matches_interpreter(make_builder(recipe), samples, params, cc, vectorize=vectorize_on)
 
 
+@pytest.mark.parametrize('cc', COMPILERS)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recipe=graphs(), data=st.data())
+def test_input_gradients_of_random_graphs_match_the_interpreter(cc, recipe, data):
+    n_inputs, n_params = recipe[0], recipe[1]
+    params = data.draw(st.lists(leaf_values, min_size=n_params, max_size=n_params))
+    samples = data.draw(st.lists(st.lists(leaf_values, min_size=n_inputs, max_size=n_inputs),
+                                 min_size=1, max_size=3))
+    assert_matches_interpreter(make_builder(recipe), samples, params, cc,
+                               vectorize=data.draw(st.booleans()), input_grads=True)
+
+
 # -- training equivalence --------------------------------------------------------
 
 XOR = [((0.0, 0.0), 0), ((0.0, 1.0), 1), ((1.0, 0.0), 1), ((1.0, 1.0), 0)]
@@ -161,8 +173,8 @@ def test_printed_program_is_golden():
     x, w, y = tiny_graph()
     assert str(compiler.trace(y, [x], [w])) == '\n'.join([
         'program: 6 slots, 3 ops',
-        '  inputs  %0..%0',
-        '  params  %1..%1',
+        '  inputs  %0',
+        '  params  %1',
         '  const   %2 = 2.0',
         '  %3 = *(%0, %1)',
         '  %4 = +(%3, %2)',
@@ -174,21 +186,23 @@ def test_printed_program_is_golden():
 def test_emitted_c_is_golden():
     x, w, y = tiny_graph()
     source = compiler.emit_module(compiler.trace(y, [x], [w]))
+    # one row's values v (input, then computed), the parameters and constants p
     assert '\n'.join([
-        'forward_0(double *restrict data, const double *restrict aux, int *restrict index)',
+        'seg1_forward(double *restrict v, const double *restrict p)',
         '{',
-        '    data[3] = data[0] * data[1];',
-        '    data[4] = data[3] + data[2];',
-        '    data[5] = data[4] < 0.0 ? 0.0 : data[4]; /* relu */',
+        '    v[1] = v[0] * p[0];',
+        '    v[2] = v[1] + p[1];',
+        '    v[3] = v[2] < 0.0 ? 0.0 : v[2]; /* relu */',
         '}',
     ]) in source
+    # the parameter's contribution is recorded in the row, for param_grads
     assert '\n'.join([
-        'backward_0(double *restrict data, double *restrict grad, const double *restrict aux, '
-        'int *restrict index, double *restrict defer, int place)',
+        'seg2_backward(const double *restrict v, double *restrict g, const double *restrict p, '
+        'double *restrict gp)',
         '{',
-        '    grad[4] += (data[5] > 0.0) * grad[5];',
-        '    grad[3] += grad[4];',
-        '    grad[1] += data[0] * grad[3];',
+        '    g[2] += (v[3] > 0.0) * g[3];',
+        '    g[1] += g[2];',
+        '    g[4] = v[0] * g[1];   /* for gp[0], added in row order by param_grads */',
         '}',
     ]) in source
 
@@ -221,7 +235,7 @@ def test_special_constants_survive_every_compiler(cc):
         terms = [inputs[0] * s for s in specials]   # constants as operands
         return params[0] * inputs[0], terms
     m = assert_matches_interpreter(build, [[1.0], [-1.0]], [0.5], cc)
-    assert '    data[2] = INFINITY;' in m.source and '    data[4] = (-0.0);' in m.source
+    assert '    p[1] = INFINITY;' in m.source and '    p[3] = (-0.0);' in m.source
     m.set_input([1.0])
     m.forward()
     got = m.outputs()

@@ -22,6 +22,7 @@ C_NUMBER = re.compile(r'(?<![\w.])(0[xX][0-9a-fA-F]*\.?[0-9a-fA-F]*(?:[pP][+-]?\
 # Declarations of integers and pointers (slot offsets, loop counters, flags, row orders).
 INTEGER_DECLARATION = re.compile(r'^(?:static\s+)?(?:const\s+)?(?:Py_ssize_t|int|double\s*\*\s*restrict'
                                  r'|double\s+\*|static\s+NOINLINE|static\s+void)\b|\*\s*restrict')
+KERNEL_CALL = re.compile(r'(?:\bK->\w+|\bmv_\w+|\bmatvec\w*)\(')
 INTEGER_VARIABLES = re.compile(r'\b(?:int|Py_ssize_t)\s+([^;{}()]*)')
 
 
@@ -46,9 +47,9 @@ def kernel_literal_problems(source):
     """Numeric literals in the double arithmetic of the program bodies that are
     not exact floating literals: bare integers, suffixes, decimal fractions.
     Integers are expected, and skipped, in ``[]`` indices, loop headers,
-    ``memset`` sizes, integer and pointer declarations, and assignments to
-    integer variables (a lifted loop's counters and flags)."""
-    kernels = source[source.index('/* ---- the program'):source.index('/* ---- module state')]
+    ``memset`` sizes, the arguments of the loop kernels (shapes and offsets),
+    integer and pointer declarations, and assignments to integer variables."""
+    kernels = source[source.index('/* ---- the program'):source.index('/* ---- tables')]
     kernels = re.sub(r'/\*.*?\*/', ' ', kernels, flags=re.S)
     integers = set()
     for m in INTEGER_VARIABLES.finditer(kernels):
@@ -65,6 +66,8 @@ def kernel_literal_problems(source):
             continue
         code = _drop_balanced(line, 'for (', '(', ')')
         code = _drop_balanced(code, 'memset(', '(', ')')
+        for call in set(KERNEL_CALL.findall(code)):     # shapes and offsets of the loop kernels
+            code = _drop_balanced(code, call, '(', ')')
         code = _drop_balanced(code, '[', '[', ']')
         for statement in re.split(r'[;{}]', code):
             statement = re.sub(r'^\s*(?:else\s+)?', '', statement)
@@ -134,12 +137,12 @@ def test_vector_op_loops_have_only_index_integers(vectorize):
 
 
 def test_the_literal_checker_finds_bad_literals():
-    good = '/* ---- the program */\n    data[3] = data[1] * 0x1.999999999999ap-4 + 2.0;\n/* ---- module state */'
+    good = '/* ---- the program */\n    data[3] = data[1] * 0x1.999999999999ap-4 + 2.0;\n/* ---- tables */'
     assert kernel_literal_problems(good) == []
     for bad in ['2', '0.1', '1e300', '2.0L', '1.5f', '0x10', '1.0e5']:
         text = good.replace('2.0', bad)
         assert kernel_literal_problems(text), bad
-    wrap = '/* ---- the program */\n{}\n/* ---- module state */'.format
+    wrap = '/* ---- the program */\n{}\n/* ---- tables */'.format
     assert kernel_literal_problems(wrap('    if (data[3] >= 2) grad[1] += grad[5];'))
     assert kernel_literal_problems(wrap('    int flag = 1;\n    if (data[2] < 0) flag = 0;'))
     assert kernel_literal_problems(wrap('    int n = 1;\n    if (data[n] > 0) n = 2;'))
@@ -147,6 +150,8 @@ def test_the_literal_checker_finds_bad_literals():
                                             '    if (n == 0) count[n] = 0;'))
     assert not kernel_literal_problems(wrap('    int flag = 1;\n    if (data[2] < 0.0) flag = 0;\n'
                                             '    for (Py_ssize_t r = 0; r < 4; r++) y[r + 1] = 1.0;'))
+    assert not kernel_literal_problems(wrap('    K->fwd(b->aux + 0, NULL, 8, 3, 1, 1, b->v + 4, ROW_STRIDE, b->v + 40, ROW_STRIDE, r0, r1, s);'))
+    assert kernel_literal_problems(wrap('    K->fwd(b->aux + 0, NULL, 8, 3, 1, 1, b->v, 8, b->v, 8, r0, r1, s) * 2;'))
 
 
 def random_doubles(n, seed):

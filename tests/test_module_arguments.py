@@ -98,7 +98,7 @@ def _cases():
             if func == 'read_data' and name in ('short', 'long'):
                 continue             # its length is the program's slot count: below
             add(func, name, args, exc, words)
-    add('read_data', 'short', lambda m: (np.zeros(m.module.n_slots - 1),), ValueError,
+    add('read_data', 'short', lambda m: (np.zeros(m.module.n_data - 1),), ValueError,
         ['read_data()', 'out', 'expected'])
     add('set_input', 'short-list', ([0.0] * (N_IN - 1),), ValueError, ['set_input()', 'values', 'expected 3'])
     add('set_input', 'long-tuple', ((0.0,) * (N_IN + 1),), ValueError, ['values has 4 values'])
@@ -124,8 +124,11 @@ def _cases():
     add('update', 'lr-raises', (Boom(),), ZeroDivisionError, ['from __float__'])
     add('update', 'nargs0', (), TypeError, ['update() takes 1 argument (0 given)'])
     add('update', 'nargs2', (0.1, 0.1), TypeError, ['update() takes 1 argument (2 given)'])
-    for func in ('forward', 'backward', 'zero_grad'):
+    for func in ('backward', 'zero_grad'):
         add(func, 'nargs1', (0.0,), TypeError, [f'{func}() takes 0 arguments (1 given)'])
+    add('forward', 'nargs2', (1, 1), TypeError, ['forward() takes 0 to 1 arguments (2 given)'])
+    add('forward', 'n-float', (0.0,), TypeError, ['forward()', 'n must be an int'])
+    add('forward', 'n-one-loss', (1,), TypeError, ['forward()', 'a sequence', 'one loss'])
     for name, X, exc, words in [
             ('1d', np.zeros(N_IN), ValueError, ['X', '2-dimensional']),
             ('3d', np.zeros((2, N_IN, 1)), ValueError, ['X', '2-dimensional']),
@@ -148,9 +151,13 @@ def _cases():
             ('float32', np.zeros((4, N_OUT), np.float32), TypeError, ['out', "format 'f'"]),
             ('none', None, TypeError, ['out'])]:
         add('predict', f'out-{name}', (good_X, out), exc, ['predict()'] + words)
-    for func in ('train_batch', 'predict'):
-        add(func, 'nargs1', (good_X,), TypeError, [f'{func}() takes 2 arguments (1 given)'])
-        add(func, 'nargs3', (good_X, good_out, 0.1), TypeError, [f'{func}() takes 2 arguments (3 given)'])
+    add('predict', 'nargs1', (good_X,), TypeError, ['predict() takes 2 arguments (1 given)'])
+    add('predict', 'nargs3', (good_X, good_out, 0.1), TypeError, ['predict() takes 2 arguments (3 given)'])
+    # without a compiled optimizer, train_batch's lr is required
+    add('train_batch', 'no-lr', (good_X,), TypeError, ['train_batch()', 'lr is required', 'optimizer'])
+    add('train_batch', 'nargs3', (good_X, 0.1, 0.1), TypeError, ['train_batch() takes 1 to 2 arguments (3 given)'])
+    add('train_batch', 'nan-row', (np.array([[0.0, float('nan'), 0.0]]), 0.1), ValueError,
+        ['train_batch()', 'X[0, 1] is not finite', 'nothing was changed'])
     return cases
 
 
@@ -221,8 +228,9 @@ def test_backward_needs_a_forward_after_every_change(small):
         small.forward()
         change()
         refused()
-    small.predict(good_X)                      # rows were run forward: backward may follow
-    small.backward()
+    small.forward()
+    small.predict(good_X)                      # predict runs rows of its own: the forward
+    small.backward()                           # of set_input's row still stands
     small.set_input([0.0, 0.0, 0.0])
     with pytest.raises(ValueError):
         small.set_input([0.0])                 # a refused call changes nothing ...

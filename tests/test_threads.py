@@ -120,7 +120,7 @@ def test_a_second_thread_in_the_same_module_is_refused_not_raced(small, call):
               lambda: mod.set_input(input_v), lambda: mod.set_input([0.0] * N_IN),
               mod.forward, mod.backward, mod.zero_grad, lambda: mod.update(0.0),
               lambda: mod.train_batch(X_v, 0.0), lambda: mod.predict(X_v, out_v),
-              lambda: mod.read_outputs(np.empty(N_OUT)), lambda: mod.read_data(np.empty(mod.n_slots))]
+              lambda: mod.read_outputs(np.empty(N_OUT)), lambda: mod.read_data(np.empty(mod.n_data))]
     twin = load_module(small.build.path)      # the same .so, its own state: never refused
     twin_probes = [twin.forward, lambda: twin.predict(X_v, out_v)]
     reset(small)

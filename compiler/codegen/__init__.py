@@ -2,143 +2,301 @@
 extension module.
 
 Every line of C comes from this package: ``scalar.py`` (the op table),
-``sum.py`` and ``matvec.py`` (one file per kind of vector op), ``layout.py``
-(the scratch arrays), and the fixed boilerplate in the ``templates/`` folder,
+``sums.py`` and ``matvec.py`` (one file per kind of vector op), ``layout.py``
+(where each slot lives), ``optimizer.py`` (the optimizer's constants), and
+the fixed C in the ``templates/`` folder (``module.c``, ``kernels.c``),
 filled with ``string.Template``. Only numbers this package formats itself and
-integer slot indices reach the C text: op names select rows of the op
-table, they are never copied.
+integer slot indices reach the C text: op names select rows of the op table,
+they are never copied.
+
+The program runs over blocks of rows (compiler/codegen/layout.py): its
+straight-line scalar code becomes per-row functions (*segments*, split at the
+vector ops), and the emitted ``forward_rows``, ``backward_rows`` and
+``param_grads`` run the segments and the vector ops' loops over a range of
+rows, then add the parameter gradients up over the rows in row order.
 """
 import hashlib
 from string import Template
 
-from compiler.codegen import matvec, sum as sum_c
-from compiler.codegen.layout import ScratchLayout
+from compiler.codegen import optimizer as optimizer_c, sums
+from compiler.codegen.layout import Layout
+from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
-from compiler.constants import BACKWARD_PARAMS, CHUNK, DEFER_ROWS, FORWARD_PARAMS
-from compiler.ir import MatVec, Op, Sum, needs_grad
+from compiler.constants import BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS
+from compiler.ir import MatVec, Op, Sum, features, needs_grad, prefix_cuts
 from compiler.templates import read_template
 
-__all__ = ['emit_module', 'emit_program', 'c_double', 'GENERATOR_VERSION']
+__all__ = ['emit_module', 'c_double', 'GENERATOR_VERSION']
 
-GENERATOR_VERSION = '2'
-
-# The renderer of each kind of vector op.
-RENDERERS = {Sum: sum_c, MatVec: matvec}
+GENERATOR_VERSION = '3'
 
 
-class Loops:
-    """The vector ops that are loops, each direction a function of its own,
-    built for several instruction sets (``LOOPS`` in the template): the
-    straight-line code around them is compiled once."""
+class _Functions:
+    """Per-row functions of straight-line code, each split into ``noinline``
+    chunks: clang and gcc are superlinear in the size of one function."""
 
     def __init__(self):
-        self.functions = []
-        self.names = {}
+        self.text = []
+        self.count = 0
 
-    def call(self, op, direction, params, body):
-        """A call of ``op``'s ``direction`` (a function with ``params`` and the
-        block ``body``), defining that function."""
-        if op not in self.names:
-            self.names[op] = f'{type(op).__name__.lower()}{len(self.names) + 1}'
-        name = f'{self.names[op]}_{direction}'
-        self.functions.append(f'static LOOPS void\n{name}({params[0]})\n' + '\n'.join(body) + '\n')
-        return f'{name}({params[1]});   /* {op} */'
-
-
-def _vector_op(op, direction, body, loops):
-    """A vector op's ``body`` for one direction: a call of a loop function, or
-    the straight-line block itself."""
-    params = FORWARD_PARAMS if direction == 'forward' else BACKWARD_PARAMS
-    return loops.call(op, direction, params, body) if RENDERERS[type(op)].LOOPS else '\n'.join(body)
-
-
-def _forward(program, scalar, layout, loops):
-    lines = []
-    for op in program.ops:
-        if type(op) is Op:
-            lines.append(scalar.forward(op))
-        else:
-            body = RENDERERS[type(op)].forward(op, scalar, layout.get(op))
-            lines.append(_vector_op(op, 'forward', body, loops))
-    return lines
+    def define(self, kind, params, lines):
+        """A function running ``lines`` on one row; returns its name."""
+        self.count += 1
+        name = f'seg{self.count}_{kind}'
+        if len(lines) <= CHUNK:
+            self.text += [f'static NOINLINE void\n{name}({params[0]})\n{{',
+                          '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n']
+            return name
+        calls = []
+        for n, start in enumerate(range(0, len(lines), CHUNK)):
+            self.text.append(f'static NOINLINE void\n{name}_{n}({params[0]})\n{{')
+            self.text.append('    ' + '\n'.join(lines[start:start + CHUNK]).replace('\n', '\n    '))
+            self.text.append('}\n')
+            calls.append(f'    {name}_{n}({params[1]});')
+        self.text.append(f'static void\n{name}({params[0]})\n{{')
+        self.text.extend(calls)
+        self.text.append('}\n')
+        return name
 
 
-def _backward(program, scalar, layout, flags, loops):
-    """Reverse-mode sweep over the loss's cone, skipping dead gradients."""
-    lines = []
-    for op in reversed(program.grad_ops):
-        if type(op) is Op:
-            if flags[op.out]:
-                lines.extend(scalar.backward(op, flags))
-        elif any(flags[o] for o in op.writes):
-            body = RENDERERS[type(op)].backward(op, flags, layout.get(op))
-            lines.append(_vector_op(op, 'backward', body, loops))
-    return lines
+def _loss_of(layout, program):
+    """The C macro of a row's loss."""
+    loss = program.loss
+    if layout.is_row(loss):
+        return f'#define LOSS_OF(row, p) ((row)[{layout.row_index(loss)}])'
+    return f'#define LOSS_OF(row, p) ((p)[{layout.shared_index(loss)}])'
 
 
-def _chunked(name, params, lines, prologue=()):
-    """``name`` as a function calling ``noinline`` chunks of the statements
-    ``lines`` (a vector op's block, newlines and all, is one statement)."""
-    out = []
-    calls = []
-    for n, start in enumerate(range(0, len(lines), CHUNK)):
-        out.append(f'static NOINLINE void\n{name}_{n}({params[0]})\n{{')
-        out.append('    ' + '\n'.join(lines[start:start + CHUNK]).replace('\n', '\n    '))
-        out.append('}\n')
-        calls.append(f'    {name}_{n}({params[1]});')
-    out.append(f'static void\n{name}({params[0]})\n{{')
-    out.extend('    ' + line for line in prologue)
-    out.extend(calls)
-    out.append('    (void)data;')
-    out.append('}\n')
-    return out
+def _seed(layout, program):
+    """The statement that starts backward: d loss / d loss = 1 (set, as the
+    interpreter sets it, not added)."""
+    loss = program.loss
+    if layout.is_row(loss):
+        return f'ROW(b->g, r)[{layout.row_index(loss)}] = 1.0;'
+    if program.param_start <= loss < program.param_end:
+        return f'b->gp[{layout.shared_index(loss)}] = 1.0;'
+    return ';   /* a constant loss: no gradient */'
 
 
-def emit_program(program):
-    """The C functions of the program: ``init_constants``, ``refresh_aux``,
-    ``forward``, ``backward``, ``flush``, and the loops they call; and the
-    scratch layout they use."""
-    scalar = ScalarRenderer(program.n_slots)
-    layout = ScratchLayout(program)
-    flags = needs_grad(program)
-    vector_ops = [op for op in program.ops if type(op) is not Op]
-    out = ['static void\ninit_constants(double *restrict data)\n{']
-    out.extend(f'    data[{s}] = {c_double(v)};' for s, v in program.constants.items())
-    out.append('    (void)data;\n}\n')
+class _Program:
+    """The C of one program: per-row functions of its scalar code, the
+    wrappers of its vector ops, and the functions that run them over rows."""
 
-    out.append('static void\nrefresh_aux(const double *restrict data, double *restrict aux)\n{')
-    for op in vector_ops:
-        out.extend('    ' + line for line in RENDERERS[type(op)].refresh_aux(op, layout.get(op)))
-    out.append('    (void)data; (void)aux;\n}\n')
+    def __init__(self, program):
+        self.program = program
+        self.flags = needs_grad(program)
+        self.layout = Layout(program, self.flags)
+        self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * self.layout.row_stride)))
+        self.scalar = ScalarRenderer(self.layout)
+        self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
+        self.functions = _Functions()
+        # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
+        self.cuts = prefix_cuts(program) if program.prefix_sums else []
 
-    loops = Loops()
-    forward = _forward(program, scalar, layout, loops)
-    backward = _backward(program, scalar, layout, flags, loops)
-    out.extend(loops.functions)
-    out.extend(_chunked('forward', FORWARD_PARAMS, forward))
-    # only computed values carry gradients besides the parameters
-    leaves = program.n_leaves
-    zero = [f'memset(grad + {leaves}, 0, sizeof(double) * {program.n_slots - leaves});',
-            f'grad[{program.loss}] = 1.0;']
-    out.extend(_chunked('backward', BACKWARD_PARAMS, backward, prologue=zero))
-    flush = [line for op in vector_ops
-             for line in RENDERERS[type(op)].flush(op, layout.get(op))]
-    out.append(f'static {"LOOPS" if flush else "NOINLINE"} void\n'
-               'flush(double *restrict grad, int *restrict index, double *restrict defer)\n{')
-    out.extend('    ' + line for line in flush)
-    out.append('    (void)grad; (void)index; (void)defer;\n}\n')
-    return '\n'.join(out), layout
+    def _steps(self, indexed_ops, direction):
+        """C statements running ``indexed_ops`` ((index, op) pairs, in the
+        order to run) over rows r0..r1: runs of scalar ops become per-row
+        functions, vector ops calls of their wrappers."""
+        steps, run = [], []
+
+        def flush():
+            if not run:
+                return
+            if direction == 'forward':
+                lines = [line for op in run for line in
+                         ([self.scalar.forward(op)] if type(op) is Op else sums.forward(op, self.scalar))]
+                name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+            else:
+                lines = [line for op in run if self.flags[op.out] for line in
+                         (self.scalar.backward(op, self.flags) if type(op) is Op
+                          else sums.backward(op, self.scalar, self.flags))]
+                if lines:
+                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) '
+                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            run.clear()
+        for i, op in indexed_ops:
+            if type(op) is MatVec:
+                flush()
+                if direction == 'forward':
+                    steps.append(self.matvecs.forward_call(op))
+                elif id(op) in self.matvecs.has_backward:
+                    steps.append(self.matvecs.backward_call(op))
+            else:
+                run.append(op)
+        flush()
+        return steps
+
+    def forward(self):
+        """``forward_rows``: every op; a sequence stops after ``b->upto``
+        positions, its loss then the mean of theirs."""
+        ops = list(enumerate(self.program.ops))
+        if not self.cuts:
+            return self._steps(ops, 'forward')
+        lay, out, start = self.layout, [], 0
+        loss = lay.row_index(self.program.loss)
+        for n, cut in enumerate(self.cuts[:-1], 1):
+            out += self._steps(ops[start:cut + 1], 'forward')
+            s = lay.row_index(self.program.prefix_sums[n - 1])
+            out += [f'if (b->upto == {n}) {{   /* the first {n} positions: loss = (1 / {n}) * their sum */',
+                    f'    for (int r = r0; r < r1; r++) ROW(b->v, r)[{loss}] = (1.0 / {n}) * ROW(b->v, r)[{s}];',
+                    '    return;', '}']
+            start = cut + 1
+        return out + self._steps(ops[start:], 'forward')
+
+    def backward(self):
+        """``backward_rows``: the loss's cone in reverse; a sequence enters at
+        position ``b->upto``."""
+        grad_ops = list(enumerate(self.program.grad_ops))
+        if not self.cuts:
+            return self._steps(list(reversed(grad_ops)), 'backward')
+        lay, T = self.layout, len(self.cuts)
+        loss = lay.row_index(self.program.loss)
+        sums_at = [lay.row_index(s) for s in self.program.prefix_sums]
+        out = [f'static const int prefix[{T}] = {{{", ".join(map(str, sums_at))}}};   /* partial sums */',
+               f'if (b->upto < {T})   /* d loss / d sum = 1 / n (the loss is (1 / n) * sum) */',
+               f'    for (int r = r0; r < r1; r++) ROW(b->g, r)[prefix[b->upto - 1]] += '
+               f'(1.0 / b->upto) * ROW(b->g, r)[{loss}];',
+               'switch (b->upto) {']
+        bounds = [-1] + self.cuts
+        for n in range(T, 0, -1):
+            part = grad_ops[bounds[n - 1] + 1:bounds[n] + 1]
+            if n == T:
+                part += grad_ops[bounds[T] + 1:]      # the final loss op
+            out.append(f'case {n}:   /* position {n - 1} */')
+            out += ['    ' + step for step in self._steps(list(reversed(part)), 'backward')]
+        return out + ['}']
+
+    def param_grads(self):
+        """``param_grads``: this part's share of the parameter gradients
+        added up over a block's rows, in row order (and, within a row, in
+        backward order)."""
+        lay = self.layout
+        out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
+        out += ['    ' + call for call in self.matvecs.weight_grad_calls()]
+        uses = lay.param_uses
+        if uses:
+            params = list(uses)
+            starts, flat = [0], []
+            for slot in params:
+                flat += uses[slot]
+                starts.append(len(flat))
+            out += ['    /* contributions scalar code recorded in each row */',
+                    f'    static const int param[] = {{{", ".join(str(lay.shared_index(s)) for s in params)}}};',
+                    f'    static const int start[] = {{{", ".join(map(str, starts))}}};',
+                    f'    static const int use[] = {{{", ".join(str(lay.n_row + u) for u in flat)}}};',
+                    f'    const int i0 = {len(params)} * part / parts, i1 = {len(params)} * (part + 1) / parts;',
+                    '    for (int i = i0; i < i1; i++) {',
+                    '        double a = b->gp[param[i]];',
+                    '        for (int r = 0; r < rows; r++) {',
+                    '            const double *restrict g = ROW(b->g, r);',
+                    '            for (int k = start[i]; k < start[i + 1]; k++) a += g[use[k]];',
+                    '        }',
+                    '        b->gp[param[i]] = a;',
+                    '    }']
+        out += ['    (void)b; (void)rows; (void)part; (void)parts; (void)scratch;\n}\n']
+        return out
+
+    def emit(self):
+        """The C of the program, and the numbers the template needs."""
+        program, lay = self.program, self.layout
+        out = [_loss_of(lay, program), '',
+               'static void\ninit_constants(double *restrict p)\n{']
+        out += [f'    p[{lay.shared_index(s)}] = {c_double(v)};' for s, v in program.constants.items()]
+        out += ['    (void)p;\n}\n']
+        out += self.matvecs.functions()
+        out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
+        out += ['    ' + line for line in self.matvecs.refresh()]
+        out += ['    (void)p; (void)aux;\n}\n']
+        forward, backward = self.forward(), self.backward()
+        if not lay.recorded:
+            # scalar code adds to parameter gradients directly: a row's whole
+            # backward before the next row's, so that each gradient gets its
+            # contributions in row order
+            backward = ['for (int row = r0; row < r1; row++) {', '    const int r0 = row, r1 = row + 1;',
+                        *['    ' + s for s in backward], '}']
+        out += self.functions.text
+        out += ['static void\nforward_rows(const Block *b, int r0, int r1, void *scratch)\n{']
+        out += ['    ' + s for s in forward]
+        out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n',
+                'static void\nbackward_rows(const Block *b, int r0, int r1, void *scratch)\n{',
+                f'    for (int r = r0; r < r1; r++) {_seed(lay, program)}']
+        out += ['    ' + s for s in backward]
+        out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
+        out += self.param_grads()
+        work = sum(6 * op.rows * op.cols if type(op) is MatVec else
+                   3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
+        numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
+                       row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
+                       recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),
+                       work_per_row=max(1, work), positions=len(self.cuts))
+        return '\n'.join(out), numbers
 
 
-def emit_module(program):
-    """The complete C source of the ``nn`` extension module."""
-    kernels, layout = emit_program(program)
-    outputs = ', '.join(map(str, program.outputs)) or '0'
-    digest = hashlib.sha256(kernels.encode()).hexdigest()[:16]
+def _kernels(uses_matvec):
+    """The loop kernels: what they share, then the loops once per
+    instruction set this build may meet (chosen when the module loads)."""
+    if not uses_matvec:
+        return ''
+    body = read_template('kernels_body.c')
+    parts = [read_template('kernels.c'),
+             '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
+             '#define MV_LEVEL -1', Template(body).substitute(isa='plain'), '#undef MV_LEVEL',
+             '#else', '#if defined(__x86_64__)',
+             '#define MV_LEVEL 2', Template(body).substitute(isa='avx512'), '#undef MV_LEVEL',
+             '#define MV_LEVEL 1', Template(body).substitute(isa='avx2'), '#undef MV_LEVEL',
+             '#endif',
+             '#define MV_LEVEL 0', Template(body).substitute(isa='base'), '#undef MV_LEVEL',
+             '#endif']
+    return '\n'.join(parts)
+
+
+def _runs(program, layout):
+    """``PARAM_RUNS``: where each parameter (in the user's order) is in ``p``,
+    as runs ``{count, user start, user step, p start, p step}``."""
+    at = [layout.shared_index(s) for s in program.param_slots]
+    runs, i = [], 0
+    while i < len(at):
+        step = at[i + 1] - at[i] if i + 1 < len(at) else 1
+        j = i + 1
+        while j < len(at) and at[j] - at[j - 1] == step:
+            j += 1
+        runs.append(f'{{{j - i}, {i}, 1, {at[i]}, {step}}}')
+        i = j
+    return ', '.join(runs) or '{0, 0, 1, 0, 1}'
+
+
+def _outputs(program, layout):
+    return ', '.join(str(layout.row_index(s)) if layout.is_row(s) else str(-layout.shared_index(s) - 1)
+                     for s in program.outputs) or '0'
+
+
+def emit_module(program, optimizer=None, initial_params=None):
+    """The complete C source of the ``nn`` extension module.
+
+    ``optimizer`` (``compiler.SGD``/``Adam``/``AdamW``) is compiled in for
+    ``step`` and ``train_batch`` (``program.input_grads`` makes ``backward``
+    also produce d loss / d input); ``initial_params`` (in the user's order) are
+    the parameters a fresh import of the module starts from (an export)."""
+    prog = _Program(program)
+    body, numbers = prog.emit()
+    layout = prog.layout
+    optimizer_defines = optimizer_c.defines(optimizer)
+    # program_hash names all the module computes: the graph, its optimizer,
+    # its gradients (the graph alone: program.graph_hash)
+    digest = hashlib.sha256('\n'.join([body, optimizer_defines]).encode()).hexdigest()[:16]
+    kernels = _kernels(bool(layout.matvecs))
+    initial = ''
+    if initial_params is not None:
+        values = ', '.join(c_double(x) for x in initial_params) or '0.0'
+        initial = ('#define HAVE_INITIAL_PARAMS 1\n'
+                   f'static const double INITIAL_PARAMS[] = {{{values}}};   /* the user\'s order */')
+    feats = features(program)
     return Template(read_template('module.c')).substitute(
-        generator_version=GENERATOR_VERSION, n_slots=program.n_slots,
-        n_inputs=program.n_inputs, param_start=program.param_start,
-        n_params=program.n_params, n_outputs=len(program.outputs),
-        n_aux=layout.n_aux, n_index=layout.n_index, n_defer=layout.n_defer,
-        defer_rows=DEFER_ROWS, loss=program.loss, output_slots=outputs,
-        program_hash=digest, kernels=kernels)
+        generator_version=GENERATOR_VERSION, program_hash=digest, graph_hash=program.graph_hash or 'none',
+        n_inputs=program.n_inputs, n_params=program.n_params, n_outputs=len(program.outputs),
+        n_features=len(feats), features=', '.join(map(str, feats)) or '0',
+        param_runs=_runs(program, layout), output_at=_outputs(program, layout),
+        kernels_c=kernels, program=body, initial_params=initial,
+        optimizer=optimizer_defines, **numbers)

@@ -1,211 +1,223 @@
-"""C of a ``MatVec`` (``y = heads + W x``): exact loops, each direction a
-function of its own (built for several instruction sets, ``LOOPS`` in the
-template).
+"""C of a ``MatVec`` (``y = heads + W x``): small wrappers that call the
+fixed loop kernels (``templates/kernels.c``, ``kernels_body.c``; ``K`` is the
+set chosen for this CPU) with this op's shapes and places.
 
-Every loop runs across independent rows (one vector lane per row), never
-inside one row's sum, so each row is summed in column order as the
-interpreter sums it. ``W`` is stored column by column (``W[r][c]`` at
-``wt[c * R + r]``), so a column's weights, and their gradients, are
-contiguous. Scratch (compiler/codegen/layout.py): ``aux[aux0]`` says whether
-every weight is finite; when the gradient of ``x`` is needed, a row-major
-copy of ``W`` follows. Forward lists the columns it added at
-``index[index0:]`` and their count at ``index[index0 + cols]``; backward adds
-the weight gradients of those columns.
-
-Within ``train_batch``, backward only records them (``place`` is the input
-row's place among the ``DEFER_ROWS`` recorded): ``x[c]`` of each listed
-column into that column's bucket at ``defer[defer0:]``, with the row's place
-in ``index``, and the gradients of ``y`` into ``defer``; ``flush`` then adds
-every bucket's contributions to its column of weight gradients in row order,
-the column's running sums in registers instead of in memory.
+Several ``MatVec`` ops may share one ``W`` (a matrix applied at several
+positions): its gradient is one reduction over the rows of a block and,
+within a row, over those uses in the interpreter's backward order
+(``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 """
-from compiler.constants import DEFER_ROWS, ROW_BLOCK, ZERO_GROUP
+from compiler.codegen.layout import PANEL, round_up
+from compiler.ir import MatVec
 
-LOOPS = True      # loops: functions of their own
-
-
-def _buckets(op, s):
-    """The C declarations of the buckets: counts, row places, values."""
-    C, K = op.cols, DEFER_ROWS
-    count0 = s.index + C + 1
-    return [f'    int *restrict count = index + {count0};   /* rows recorded per column */',
-            f'    int *restrict places = index + {count0 + C};   /* places[c * {K} + j]: their places */',
-            f'    double *restrict value = defer + {s.defer};   /* value[c * {K} + j]: their x[c] */',
-            f'    double *restrict grads = defer + {s.defer + C * K};   /* grads[place * {op.rows} + r]: their gy */']
+GROUP = 16      # inputs per weight-gradient tile (templates/kernels.c: MV_BGW_MK)
 
 
-def forward(op, scalar, s):
-    R, C = op.rows, op.cols
-    c0 = 0 if op.heads else 1
-    lines = [f'{{   /* {op}: each row summed in column order */',
-             f'    double *restrict y = data + {op.y0};',
-             f'    const double *restrict x = data + {op.x0};',
-             f'    const double *restrict wt = data + {op.wt0};   /* wt[c * {R} + r] = W[r][c] */',
-             f'    int *restrict cols = index + {s.index};   /* the columns added, for backward too */']
-    strided = op.heads and op.strided_heads()
-    if strided:
-        lines += [f'    const double *restrict h = data + {strided[0]};',
-                  f'    for (int r = 0; r < {R}; r++) y[r] = h[{_stride(strided[1])}];']
-    elif op.heads:
-        lines += [f'    y[{r}] = {scalar.data[h]};' for r, h in enumerate(op.heads)]
+def is_strided(slots):
+    """``(first, step)`` when ``slots`` are in arithmetic progression, else None."""
+    step = slots[1] - slots[0] if len(slots) > 1 else 1
+    return (slots[0], step) if all(s == slots[0] + i * step for i, s in enumerate(slots)) else None
+
+
+def weight_groups(C):
+    """The weight gradient's groups of inputs (each listed rows once): 4x4
+    patches when x looks like a square image of side >= 8, else 16
+    consecutive inputs (-1: none). Only speed depends on this."""
+    side = int(C ** 0.5)
+    while (side + 1) * (side + 1) <= C:
+        side += 1
+    groups = []
+    if side * side == C and side >= 8:
+        for y0 in range(0, side, 4):
+            for x0 in range(0, side, 4):
+                groups.append([(y0 + i // 4) * side + x0 + i % 4
+                               if y0 + i // 4 < side and x0 + i % 4 < side else -1 for i in range(GROUP)])
     else:
-        lines.append(f'    for (int r = 0; r < {R}; r++) y[r] = wt[r] * x[0];')
-    # Columns where x[c] == 0 add w * x[c], a signed zero when w is
-    # finite, and y + (±0) == y unless y is -0.0. A sum never becomes -0.0
-    # from a value that is not -0.0, so while every W entry is finite and
-    # no row starts at -0.0, skipping those columns leaves every row's sum
-    # exactly as it is.
-    G = ZERO_GROUP
-    lines += [f'    int skip_zeros = aux[{s.aux}] != 0.0;   /* every W entry is finite */',
-              f'    for (int r = 0; r < {R}; r++)',
-              '        if (y[r] == 0.0 && signbit(y[r])) skip_zeros = 0;',
-              '    int n = 0;']
-    if c0:
-        lines.append('    cols[n++] = 0;   /* added above */')
-    lines += ['    if (skip_zeros) {',
-              f'        /* groups of {G} columns: a blank stretch of x costs one test */',
-              f'        for (int c = {c0}; c < {C}; c += {G}) {{',
-              f'            const int end = c + {G} < {C} ? c + {G} : {C};',
-              '            int any = 0;',
-              '            for (int j = c; j < end; j++) any |= x[j] != 0.0;',
-              '            if (any)',
-              '                for (int j = c; j < end; j++) {',
-              '                    cols[n] = j;',
-              '                    n += x[j] != 0.0;',
-              '                }',
-              '        }',
-              '    } else {',
-              f'        for (int c = {c0}; c < {C}; c++) cols[n++] = c;',
-              '    }',
-              f'    cols[{C}] = n;']
-    lines += _row_blocks(R, 'y', f'for (int k = {c0}; k < n; k++)', 'x[cols[k]]', f'wt + cols[k] * {R}')
-    lines.append('}')
-    return lines
+        for c0 in range(0, C, GROUP):
+            groups.append([c if c < C else -1 for c in range(c0, c0 + GROUP)])
+    return groups
 
 
-def backward(op, flags, s):
-    R, C = op.rows, op.cols
-    lines = [f'{{   /* backward of {op} */',
-             f'    const double *restrict gy = grad + {op.y0};',
-             f'    const double *restrict x = data + {op.x0};']
-    if flags[op.wt0]:
-        # dW[r][c] += x[c] * gy[r], the outer product: one contribution to
-        # each weight. The columns forward skipped have x[c] == 0: while
-        # every gy is finite they add signed zeros, which leave a parameter
-        # gradient unchanged (they start at +0.0, and a sum that does not
-        # start at -0.0 never becomes -0.0). Otherwise every column counts.
-        lines += [f'    int *restrict cols = index + {s.index};   /* from forward */',
-                  f'    int n = cols[{C}];',
-                  f'    for (int r = 0; r < {R}; r++) {{',
-                  '        if (!isfinite(gy[r])) {',
-                  f'            for (int c = 0; c < {C}; c++) cols[c] = c;',
-                  f'            n = cols[{C}] = {C};',
-                  '            break;',
-                  '        }',
-                  '    }',
-                  '    if (place < 0) {',
-                  '        for (int k = 0; k < n; k++) {',
-                  '            const double xc = x[cols[k]];',
-                  f'            double *restrict gw = grad + {op.wt0} + cols[k] * {R};',
-                  f'            for (int r = 0; r < {R}; r++) gw[r] += xc * gy[r];',
-                  '        }',
-                  '    } else {   /* train_batch: record for flush */',
-                  *['    ' + line for line in _buckets(op, s)],
-                  f'        for (int r = 0; r < {R}; r++) grads[place * {R} + r] = gy[r];',
-                  '        for (int k = 0; k < n; k++) {',
-                  '            const int c = cols[k];',
-                  f'            const int j = c * {DEFER_ROWS} + count[c]++;',
-                  '            places[j] = place;',
-                  '            value[j] = x[c];',
-                  '        }',
-                  '    }']
-    if op.heads:
-        strided = op.strided_heads()
-        if strided and all(flags[h] for h in op.heads):
-            lines += [f'    double *restrict gh = grad + {strided[0]};',
-                      f'    for (int r = 0; r < {R}; r++) gh[{_stride(strided[1])}] += gy[r];']
-        else:
-            lines += [f'    grad[{h}] += gy[{r}];' for r, h in enumerate(op.heads) if flags[h]]
-    if op.grad_x:
-        lines += ["    /* dx[c] += W[r][c] * gy[r], rows in the interpreter's order, W row by row */",
-                  f'    double *restrict gx = grad + {op.x0};',
-                  *_row_loop(op.bwd_rows),
-                  '        const double g = gy[r];',
-                  f'        const double *restrict w = aux + {s.aux + 1} + r * {C};',
-                  f'        for (int c = 0; c < {C}; c++) gx[c] += w[c] * g;',
-                  '    }']
-    lines.append('}')
-    return lines
+class MatVecRenderer:
+    """Names, wrappers and calls of a program's ``MatVec`` ops."""
 
+    def __init__(self, program, layout, flags, block_rows):
+        self.program, self.layout, self.flags = program, layout, flags
+        self.ops = layout.matvecs
+        self.name = {id(op): f'matvec{i + 1}' for i, op in enumerate(self.ops)}
+        grad_ops = {id(op) for op in program.grad_ops}
+        self.has_backward = {id(op) for op in self.ops
+                             if id(op) in grad_ops and any(flags[o] for o in op.writes)}
+        # the uses of each weight block, in the order backward reaches them
+        self.uses = {}
+        for op in reversed(program.grad_ops):
+            if id(op) in self.has_backward:
+                self.uses.setdefault(op.wt0, []).append(op)
+        self.block_rows = block_rows
 
-def flush(op, s):
-    """Add the recorded weight gradients: each column's, in row order."""
-    R, C, K = op.rows, op.cols, DEFER_ROWS
-    return [f'{{   /* the recorded weight gradients of {op} */',
-            *_buckets(op, s),
-            f'    for (int c = 0; c < {C}; c++) {{',
-            '        const int m = count[c];',
-            '        if (m == 0)',
-            '            continue;',
-            '        count[c] = 0;',
-            f'        double *restrict gw = grad + {op.wt0} + c * {R};',
-            f'        const int *restrict at = places + c * {K};',
-            f'        const double *restrict xv = value + c * {K};',
-            *['    ' + line for line in _row_blocks(R, 'gw', 'for (int j = 0; j < m; j++)', 'xv[j]',
-                                                  f'grads + at[j] * {R}')],
-            '    }',
-            '}']
+    def _p(self, slot):
+        return self.layout.shared_index(slot)
 
+    def _row(self, slot):
+        return self.layout.row_index(slot)
 
-def refresh_aux(op, s):
-    R, C = op.rows, op.cols
-    copy = [f'        aux[{s.aux + 1} + r * {C} + c] = w;   /* W row by row */'] if op.grad_x else []
-    return [f'aux[{s.aux}] = 1.0;   /* every W entry of {op} is finite */',
-            f'for (int c = 0; c < {C}; c++)',
-            f'    for (int r = 0; r < {R}; r++) {{',
-            f'        const double w = data[{op.wt0} + c * {R} + r];',
-            *copy,
-            f'        if (!isfinite(w)) aux[{s.aux}] = 0.0;',
-            '    }']
+    def refresh(self):
+        """``refresh_aux`` statements: panels, padded heads and flags."""
+        lay, lines = self.layout, []
+        for wt0, wa in lay.weight_aux.items():
+            op = next(o for o in self.ops if o.wt0 == wt0)
+            RP = round_up(op.rows, PANEL)
+            lines += [f'/* W of {self.name[id(op)]}: {op.rows}x{op.cols} */',
+                      f'mv_pack_fwd(p + {lay.weight_base[wt0]}, {op.rows}, {op.cols}, {RP}, aux + {wa.panels});',
+                      f'aux[{wa.finite}] = mv_all_finite(p + {lay.weight_base[wt0]}, {op.cols * RP});']
+        for op in self.ops:
+            a, wa = lay.aux[id(op)], lay.weight_aux[op.wt0]
+            name = self.name[id(op)]
+            # zeros may be skipped while every weight is finite and no sum starts
+            # at -0.0 (a head of -0.0; with heads in the rows: never checked, no skipping)
+            if not op.heads:
+                lines.append(f'aux[{a.skip}] = aux[{wa.finite}];   /* {name} */')
+            elif a.heads < 0:
+                lines.append(f'aux[{a.skip}] = 0.0;   /* {name}: heads in the rows */')
+            else:
+                strided = is_strided([self._p(h) for h in op.heads])
+                if strided:
+                    lines.append(f'for (int n = 0; n < {op.rows}; n++) aux[{a.heads} + n] = '
+                                 f'p[{strided[0]} + n * {strided[1]}];   /* heads of {name} */')
+                else:
+                    lines += [f'aux[{a.heads + n}] = p[{self._p(h)}];' for n, h in enumerate(op.heads)]
+                lines += [f'aux[{a.skip}] = aux[{wa.finite}];',
+                          f'for (int n = 0; n < {op.rows}; n++)',
+                          f'    if (aux[{a.heads} + n] == 0.0 && signbit(aux[{a.heads} + n])) aux[{a.skip}] = 0.0;']
+            if a.bgx >= 0:
+                lines.append(f'mv_pack_bgx(p + {lay.weight_base[op.wt0]}, {name}_order, {op.rows}, {op.cols}, '
+                             f'{round_up(op.rows, PANEL)}, aux + {a.bgx});')
+        return lines
 
+    def functions(self):
+        """The C wrappers of every ``MatVec``: forward and backward over rows,
+        and the gradients of each weight block over a block's rows."""
+        out = []
+        for op in self.ops:
+            if op.grad_x:
+                order = ', '.join(map(str, op.bwd_rows))
+                out.append(f'static const int {self.name[id(op)]}_order[{op.rows}] = {{{order}}};   '
+                           '/* the rows in backward order */')
+        for op in self.ops:
+            out.append(self._forward(op))
+            if id(op) in self.has_backward:
+                out.append(self._backward(op))
+        for wt0, uses in self.uses.items():
+            out.append(self._weight_grad(wt0, uses))
+        return out
 
-def _row_blocks(R, target, loop, factor, vector):
-    """``target[r] += vector[r] * factor`` for each item of ``loop``, in order,
-    for every row ``r < R``: each row's sum in the loop's order, a block of
-    rows at a time, their running sums in registers (independent sums: the C
-    compiler vectorizes across them)."""
-    def block(r0, size):
-        at = '' if r0 == 0 else f'{r0} + '
-        return [f'        double acc[{size}];',
-                f'        for (int i = 0; i < {size}; i++) acc[i] = {target}[{at}i];',
-                f'        {loop} {{',
-                f'            const double f = {factor};',
-                f'            const double *restrict v = {vector}{"" if r0 == 0 else f" + {r0}"};',
-                f'            for (int i = 0; i < {size}; i++) acc[i] += v[i] * f;',
-                '        }',
-                f'        for (int i = 0; i < {size}; i++) {target}[{at}i] = acc[i];']
-    B = ROW_BLOCK
-    full = R - R % B
-    lines = []
-    if full:
-        lines += [f'    for (int r0 = 0; r0 < {full}; r0 += {B}) {{', *block('r0', B), '    }']
-    if full < R:
-        lines += ['    {', *block(full, R - full), '    }']
-    return lines
+    def _forward(self, op):
+        name, a, wa = self.name[id(op)], self.layout.aux[id(op)], self.layout.weight_aux[op.wt0]
+        y = self._row(op.y0)
+        lines = [f'/* {op} */', f'static void\n{name}_forward(const Block *b, int r0, int r1, void *scratch)\n{{']
+        if not op.heads:
+            start, hp = 1, 'NULL'
+        elif a.heads >= 0:
+            start, hp = 0, f'b->aux + {a.heads}'
+        else:   # heads in the rows: each row's sums start from what y holds
+            start, hp = 2, 'NULL'
+            lines += ['    const double *restrict p = b->p;',
+                      '    for (int r = r0; r < r1; r++) {',
+                      '        double *restrict v = ROW(b->v, r);',
+                      *[f'        v[{y + n}] = {self.layout.value[h]};' for n, h in enumerate(op.heads)],
+                      '    }', '    (void)p;']
+        lines += [f'    K->fwd(b->aux + {wa.panels}, {hp}, {op.rows}, {op.cols}, {start}, b->aux[{a.skip}] != 0.0, '
+                  f'b->v + {self._row(op.x0)}, ROW_STRIDE, b->v + {y}, ROW_STRIDE, r0, r1, scratch);',
+                  '}']
+        return '\n'.join(lines)
 
+    def _backward(self, op):
+        """Per row: the gradients of heads in the rows, and of x."""
+        name, a, wa = self.name[id(op)], self.layout.aux[id(op)], self.layout.weight_aux[op.wt0]
+        y = self._row(op.y0)
+        lines = [f'static void\n{name}_backward(const Block *b, int r0, int r1, void *scratch)\n{{']
+        row_heads = [(n, h) for n, h in enumerate(op.heads or ()) if self.layout.is_row(h) and self.flags[h]]
+        if row_heads:
+            lines += ['    for (int r = r0; r < r1; r++) {',
+                      '        double *restrict g = ROW(b->g, r);',
+                      *[f'        {self.layout.grad[h]} += g[{y + n}];' for n, h in row_heads],
+                      '    }']
+        if op.grad_x:
+            guard = '    if (b->input_grads)\n    ' if op.x0 < self.program.n_inputs else ''
+            lines.append(f'{guard}    K->bgx(b->aux + {a.bgx}, {name}_order, {op.rows}, {op.cols}, '
+                         f'b->aux[{wa.finite}] != 0.0, b->g + {y}, ROW_STRIDE, b->g + {self._row(op.x0)}, '
+                         'ROW_STRIDE, r0, r1, scratch);')
+        lines += ['    (void)b; (void)r0; (void)r1; (void)scratch;', '}']
+        return '\n'.join(lines)
 
-def _stride(stride):
-    """The C index of row ``r`` at ``stride``."""
-    return 'r' if stride == 1 else f'r * {stride}'
+    def _weight_grad(self, wt0, uses):
+        """The gradients of W over a block's rows (all its uses), and of the
+        parameter heads; this part's share of them."""
+        op = uses[0]
+        name, U = self.name[id(op)], len(uses)
+        R, C, RP = op.rows, op.cols, round_up(op.rows, PANEL)
+        groups = weight_groups(C)
+        pairs = ', '.join(f'{self._row(u.x0)}, {self._row(u.y0)}' for u in uses)
+        lines = [f'static const int {name}_groups[{len(groups) * GROUP}] = {{'
+                 + ', '.join(str(c) for g in groups for c in g) + '};',
+                 f'static void\n{name}_weight_grad(const Block *b, int rows, int part, int parts, void *scratch)\n{{',
+                 f'    static const int uses[{2 * U}] = {{{pairs}}};   /* x, y of each use, backward order */',
+                 f'    const int U = {U}, PANELS = {RP // PANEL}, GROUPS = {len(groups)};',
+                 '    const double **xrow = (const double **)scratch, **gyrow = xrow + rows * U;',
+                 '    void *rest = (void *)(gyrow + rows * U);',
+                 '    for (int r = 0; r < rows; r++)',
+                 '        for (int u = 0; u < U; u++) {',
+                 '            xrow[r * U + u] = ROW(b->v, r) + uses[2 * u];',
+                 '            gyrow[r * U + u] = ROW(b->g, r) + uses[2 * u + 1];',
+                 '        }']
+        if self.flags[wt0]:
+            base = self.layout.weight_base[wt0]
+            lines += ['    if (PANELS >= parts)   /* split the neurons (each thread lists every group) */',
+                      f'        K->bgw({R}, {C}, rows * U, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
+                      '0, GROUPS, PANELS * part / parts, PANELS * (part + 1) / parts, rest);',
+                      '    else                   /* split the groups of inputs */',
+                      f'        K->bgw({R}, {C}, rows * U, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
+                      'GROUPS * part / parts, GROUPS * (part + 1) / parts, 0, PANELS, rest);']
+        for i, u in enumerate(uses):
+            heads = [h for h in u.heads or () if not self.layout.is_row(h) and self.flags[h]]
+            if not heads:
+                continue
+            y = self._row(u.y0)
+            lines.append(f'    if (part == {i} % parts) {{   /* heads of use {i} */')
+            lines += ['        const double **gy = xrow;   /* reused: this use\'s gy rows */',
+                      f'        const int Y = {y};',
+                      '        for (int r = 0; r < rows; r++) gy[r] = ROW(b->g, r) + Y;']
+            strided = is_strided([self._p(h) for h in u.heads]) if len(heads) == u.rows else None
+            if strided and strided[1] == 1:
+                lines.append(f'        K->bgh({u.rows}, rows, gy, b->gp + {strided[0]});')
+            else:
+                for n, h in enumerate(u.heads):
+                    if h in heads:
+                        lines.append(f'        {{ double a = b->gp[{self._p(h)}]; for (int r = 0; r < rows; r++) '
+                                     f'a += gy[r][{n}]; b->gp[{self._p(h)}] = a; }}')
+            lines.append('    }')
+        lines += ['    (void)rest; (void)PANELS; (void)GROUPS;', '}']
+        return '\n'.join(lines)
 
+    def forward_call(self, op):
+        return f'{self.name[id(op)]}_forward(b, r0, r1, scratch);   /* {op} */'
 
-def _row_loop(order):
-    """A C loop header binding ``r`` to the rows in ``order``."""
-    n = len(order)
-    if list(order) == list(range(n - 1, -1, -1)):
-        return [f'    for (int r = {n - 1}; r >= 0; r--) {{']
-    if list(order) == list(range(n)):
-        return [f'    for (int r = 0; r < {n}; r++) {{']
-    return [f'    static const int order[{n}] = {{{", ".join(map(str, order))}}};',
-            f'    for (int k = 0; k < {n}; k++) {{',
-            '        const int r = order[k];']
+    def backward_call(self, op):
+        return f'{self.name[id(op)]}_backward(b, r0, r1, scratch);   /* backward of {self.name[id(op)]} */'
+
+    def weight_grad_calls(self):
+        return [f'{self.name[id(uses[0])]}_weight_grad(b, rows, part, parts, scratch);'
+                for uses in self.uses.values()]
+
+    def scratch_bytes(self):
+        """Bytes of scratch each thread needs (the kernels' and the row pointers)."""
+        need = 0
+        for op in self.ops:
+            U = len(self.uses.get(op.wt0, ())) or 1
+            n = self.block_rows * U
+            groups = len(weight_groups(op.cols))
+            fwd = 4 * (op.cols + 16) + 128
+            bgx = round_up(4 * (op.rows + 16), 64) + 8 * op.rows * 8 + 128
+            bgw = round_up(4 * groups * (n + 1), 64) + 8 * groups * n * GROUP + n + 256
+            need = max(need, fwd, bgx, 16 * n + bgw)
+        return round_up(need, 64)

@@ -91,7 +91,9 @@ SCALAR_C = {
 
 
 class ScalarRenderer:
-    """C statements of scalar ops over the ``data`` and ``grad`` arrays.
+    """C statements of scalar ops over one row (``v``, ``g``) and the shared
+    parameters and constants (``p``, ``gp``); ``layout`` says where each slot
+    lives (compiler/codegen/layout.py).
 
     Constants are read from their slots (set once by ``init_constants``), not
     written into expressions as literals: a C compiler then cannot fold
@@ -100,25 +102,41 @@ class ScalarRenderer:
     (clang 14 does, at -O2).
     """
 
-    def __init__(self, n_slots):
-        self.data = [f'data[{s}]' for s in range(n_slots)]
-        self.grad = [f'grad[{s}]' for s in range(n_slots)]
+    def __init__(self, layout):
+        self.layout = layout
+        self.value = layout.value
+        self.grad = layout.grad
 
     def forward(self, op):
-        data, args = self.data, op.args
+        value, args = self.value, op.args
         row = SCALAR_C[op.name]
-        b = data[args[1]] if len(args) == 2 else ''
-        expr = row.forward(data[args[0]], b, op.k)
-        return f'data[{op.out}] = {expr};' + (f' /* {op.name} */' if row.comment else '')
+        b = value[args[1]] if len(args) == 2 else ''
+        expr = row.forward(value[args[0]], b, op.k)
+        return f'{value[op.out]} = {expr};' + (f' /* {op.name} */' if row.comment else '')
 
     def backward(self, op, flags):
-        data, grad, args = self.data, self.grad, op.args
-        a = data[args[0]]
-        b = data[args[1]] if len(args) == 2 else ''
-        o, g = data[op.out], grad[op.out]
+        value, args = self.value, op.args
+        a = value[args[0]]
+        b = value[args[1]] if len(args) == 2 else ''
+        o, g = value[op.out], self.grad[op.out]
         lines = []
         for i, contribution, condition in SCALAR_C[op.name].grads:
             if flags[args[i]]:
-                stmt = f'{grad[args[i]]} += {contribution(a, b, o, g, op.k)};'
-                lines.append(f'if ({condition(a, b)}) {stmt}' if condition else stmt)
+                lines.append(self.add(op, i, args[i], contribution(a, b, o, g, op.k),
+                                      condition(a, b) if condition else None))
         return lines
+
+    def add(self, op, operand, slot, expr, condition=None):
+        """The statement adding ``expr`` to the gradient of ``slot`` (operand
+        number ``operand`` of ``op``), only where ``condition`` holds.
+
+        A recorded contribution is the value the interpreter would have added,
+        or +0.0 where it adds nothing: the recorded values are added to a
+        parameter gradient later, and a gradient never holds -0.0 (it starts
+        at +0.0, and a sum that does not start at -0.0 never becomes -0.0),
+        so adding +0.0 leaves it as it is."""
+        how, target = self.layout.grad_target(op, operand, slot)
+        if how == '=':
+            note = f'   /* for {self.grad[slot]}, added in row order by param_grads */'
+            return (f'{target} = {condition} ? {expr} : 0.0;' if condition else f'{target} = {expr};') + note
+        return f'if ({condition}) {target} += {expr};' if condition else f'{target} += {expr};'

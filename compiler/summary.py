@@ -1,0 +1,134 @@
+"""What was built, in the user's terms: ``m.summary()`` (a table in the manner
+of Keras' ``model.summary()``) and ``m.draw(path)`` (the network as a
+picture: vector ops and runs of scalar ops, not every scalar)."""
+import os
+from collections import Counter
+
+from compiler.ir import MatVec, Op, Sum
+
+
+def parts(program):
+    """The program as the user would sketch it: ``(kind, ops)`` for each
+    vector op (``'MatVec'``) and each run of scalar ops between them
+    (``'scalar'``: ``Op`` and ``Sum``), in program order."""
+    out = []
+    for op in program.ops:
+        if type(op) is MatVec:
+            out.append(('MatVec', [op]))
+        elif out and out[-1][0] == 'scalar':
+            out[-1][1].append(op)
+        else:
+            out.append(('scalar', [op]))
+    return out
+
+
+def _is_param(program, s):
+    return program.param_start <= s < program.param_end
+
+
+def _params_read(program, ops):
+    return {s for op in ops for s in op.reads if _is_param(program, s)}
+
+
+def _labels(program, slots, limit=3):
+    labels = program.labels or {}
+    named = [labels[s] for s in slots if s in labels]
+    if not named:
+        return ''
+    return ', '.join(named[:limit]) + (f', ... ({len(named)})' if len(named) > limit else '')
+
+
+def _describe(program, kind, ops):
+    """``(what, shape, parameters it reads (set), labels)`` of one part."""
+    if kind == 'MatVec':
+        op = ops[0]
+        heads = 'heads' if op.heads else 'no heads'
+        params = _params_read(program, ops)
+        return ('MatVec', f'{op.cols} -> {op.rows} (W {op.rows}x{op.cols}, {heads})', params,
+                _labels(program, list(op.writes)))
+    counts = Counter(op.name if type(op) is Op else 'sum' for op in ops)
+    what = ', '.join(f'{name} x{n}' for name, n in counts.most_common())
+    outs = [o for op in ops for o in op.writes]
+    return ('scalar', f'{len(ops)} ops: {what}', _params_read(program, ops), _labels(program, outs))
+
+
+def summary(model):
+    """The summary text of a ``CompiledModel``."""
+    program = model.program
+    if program is None:
+        info = getattr(model, 'export_info', {})
+        return (f'exported model: {model.n_inputs} inputs, {model.n_params} params, '
+                f'{model.n_outputs} outputs; program {info.get("program_hash")}; '
+                f'built with {info.get("compiler", {}).get("version")} {" ".join(info.get("flags", []))}')
+    rows = []
+    seen = set()
+    for i, (kind, ops) in enumerate(parts(program), 1):
+        what, shape, params, labels = _describe(program, kind, ops)
+        new = params - seen
+        seen |= params
+        rows.append((str(i), what, shape, f'{len(new):,}', labels))
+    head = ('#', 'part', 'shape / ops', 'params', 'labels')
+    width = [max(len(r[c]) for r in rows + [head]) for c in range(5)]
+    width[2] = min(width[2], 60)
+
+    def line(r):
+        shape = r[2] if len(r[2]) <= width[2] else r[2][:width[2] - 3] + '...'
+        return (f'{r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {shape:<{width[2]}}  {r[3]:>{width[3]}}  '
+                f'{r[4]}').rstrip()
+    unused = program.n_params - len(seen)
+    b = model.build
+    toolchain = b.toolchain.version if b and b.toolchain else 'unknown'
+    stages = ', '.join(f'{k} {v:.2f} s' for k, v in model.timings.items())
+    out = [line(head), '-' * len(line(head))] + [line(r) for r in rows] + ['-' * len(line(head))]
+    out += [f'inputs {program.n_inputs:,} ({len(model.features):,} that the outputs depend on), '
+            f'params {program.n_params:,}' + (f' ({unused:,} unused)' if unused else '')
+            + f', outputs {len(program.outputs):,}',
+            f'program: {len(program.ops):,} ops over {program.n_slots:,} slots'
+            + (f' (passes: {", ".join(program.passes)})' if program.passes else ''),
+            f'C: {model.source.count(chr(10)):,} lines; {toolchain} {" ".join(b.flags if b else [])}',
+            f'optimizer: {model.module.optimizer}; threads: {model.threads}',
+            f'compile(): {sum(model.timings.values()):.2f} s ({stages})']
+    return '\n'.join(out)
+
+
+def draw(model, path):
+    """Render the program at the level of vector ops and runs of scalar ops
+    to ``path`` (``.png``, ``.svg`` or ``.pdf``; needs the ``graphviz``
+    package and its ``dot`` program). Returns the path written."""
+    try:
+        import graphviz
+    except ImportError:
+        raise ImportError("draw() needs graphviz: pip install graphviz "
+                          "(or pip install 'micrograd-compiler[viz]'), and Graphviz's dot") from None
+    program = model.program
+    if program is None:
+        raise ValueError("draw(): a model loaded from an export has no program to draw")
+    stem, ext = os.path.splitext(str(path))
+    fmt = ext.lstrip('.').lower() or 'png'
+    if fmt not in ('png', 'svg', 'pdf'):
+        raise ValueError(f"draw(): {path} must end in .png, .svg or .pdf")
+    dot = graphviz.Digraph(format=fmt, graph_attr={'rankdir': 'TB'},
+                           node_attr={'shape': 'box', 'fontname': 'Helvetica', 'fontsize': '11'})
+    owner = {}
+    dot.node('inputs', f'inputs\n{program.n_inputs}', shape='ellipse')
+    for s in range(program.n_inputs):
+        owner[s] = 'inputs'
+    for i, (kind, ops) in enumerate(parts(program)):
+        name = f'part{i}'
+        what, shape, params, labels = _describe(program, kind, ops)
+        label = f'{what}\n{shape}' + (f'\n{len(params):,} params' if params else '')
+        dot.node(name, label, style='filled', fillcolor='lightblue' if kind == 'MatVec' else 'lightgrey')
+        sources = {owner[s] for op in ops for s in op.reads if s in owner} - {name}
+        for src in sorted(sources):
+            dot.edge(src, name)
+        for op in ops:
+            for o in op.writes:
+                owner[o] = name
+    dot.node('loss', 'loss', shape='ellipse')
+    if program.loss in owner:
+        dot.edge(owner[program.loss], 'loss')
+    if program.outputs:
+        dot.node('outputs', f'outputs\n{len(program.outputs)}', shape='ellipse')
+        for src in sorted({owner[s] for s in program.outputs if s in owner}):
+            dot.edge(src, 'outputs')
+    return dot.render(stem, cleanup=True)
