@@ -37,7 +37,7 @@ __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op', 
 
 def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=None,
             native=False, vectorize=True, timeout=DEFAULT_TIMEOUT, include_dir=None,
-            optimizer=None, input_grads=False, constants=(), threads=None):
+            optimizer=None, input_grads=False, constants=(), threads=None, progress=None):
     """Trace the graph of ``loss`` once and build it into a ``CompiledModel``.
 
     ``inputs`` are the leaf Values fed by ``set_input`` (or the rows of
@@ -52,12 +52,15 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
     ``backward`` also produce d loss / d input (``m.input_grads()``);
     ``threads`` caps the threads of ``train_batch`` and ``predict`` (default:
     ``$MICROGRAD_THREADS``, else the cores this process may use).
+    ``progress(message)`` hears about builds expected to take more than a
+    couple of seconds (a few lines, for a command line to print).
     ``vectorize`` runs the vectorizing pass (exact: results are bit for bit
     those of the straight-line program). ``cc`` picks the C compiler
-    (``'tcc'``, ``'clang'``, ``'gcc'`` or a path; default ``$CC`` or the best
-    installed); ``flags`` replaces the default flags entirely; otherwise
-    ``opt`` sets the optimisation level (default: the fastest for that
-    compiler) and ``native=True`` adds ``-march=native``. ``include_dir`` is
+    (``'tcc'``, ``'clang'``, ``'gcc'`` or a path; default ``$CC``, else
+    chosen by the program's size: clang -O2 for small programs, -O1 or tcc
+    for large ones, see ``compiler.build.choose_build``); ``flags`` replaces
+    the default flags entirely; otherwise ``opt`` sets the optimisation level
+    (default: by size) and ``native=True`` adds ``-march=native``. ``include_dir`` is
     the folder of ``Python.h`` (default: ``$MICROGRAD_PYTHON_INCLUDE``, else
     this interpreter's).
     """
@@ -79,11 +82,18 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         source = emit_module(program, optimizer=optimizer)
         t2 = time.perf_counter()
         timings['codegen'] = t2 - t1
-    toolchain = find_compiler(cc)
-    from compiler.build import check_flags, check_opt, discard_entry, program_hash
+    from compiler.build import (check_flags, check_opt, choose_build, compile_estimate, discard_entry,
+                                program_hash)
     check_opt(opt)          # 'O2' or '-Ofast' is refused even when flags= makes it unused
-    flags = check_flags(flags) if flags is not None else default_flags(toolchain, opt, native)
-    build = build_extension(source, toolchain, flags, timeout, include_dir)
+    toolchain, level = choose_build(cc, opt, source.statements, len(source.parts))
+    flags = check_flags(flags) if flags is not None else default_flags(toolchain, level, native)
+    expected = compile_estimate(toolchain.family, level, source.statements, len(source.parts))
+    if progress and expected > 2.0:
+        progress(f"compiling {source.statements:,} statements in {len(source.parts)} parts with "
+                 f"{toolchain.family} {' '.join(flags[:1])}: about {expected:.0f} s")
+    else:
+        progress = None
+    build = build_extension(source, toolchain, flags, timeout, include_dir, progress)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2
     # The module must be the program just compiled: a cache entry replaced by

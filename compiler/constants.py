@@ -28,6 +28,10 @@ ROW_ALIGN = 8
 # Terms per C statement of a long Sum: keeps expression trees shallow.
 TERMS_PER_LINE = 32
 
+# Statements per translation unit of straight-line code: the units build in
+# parallel (and a change to one rebuilds only it).
+PART = 4000
+
 # Statements per generated function. clang and gcc are superlinear in the
 # size of one function; chunks of this size keep them near-linear.
 CHUNK = 2000

@@ -37,34 +37,7 @@
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <math.h>
-#include <pthread.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#if defined(__x86_64__) && !defined(__TINYC__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
-
-#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) || \
-    defined(__ASSOCIATIVE_MATH__) || defined(__RECIPROCAL_MATH__) || defined(__NO_SIGNED_ZEROS__)
-#error "nn.c must not be built with -ffast-math, -Ofast or their parts: the results would differ from the interpreter's"
-#endif
-#pragma STDC FP_CONTRACT OFF
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__) && !defined(__TINYC__)
-#pragma GCC optimize ("fp-contract=off")
-#endif
-
-#if defined(__GNUC__) && !defined(__TINYC__)
-#define NOINLINE __attribute__((noinline))
-#else
-#define NOINLINE
-#endif
-
+${prelude}
 #define N_INPUTS ${n_inputs}
 #define N_PARAMS ${n_params}
 #define N_OUTPUTS ${n_outputs}
@@ -91,7 +64,7 @@ typedef struct {
     int upto;                 /* a sequence: run its first `upto` positions (1..POSITIONS) */
 } Block;
 
-/* ---- the loop kernels of the vector ops (templates/kernels.c) --------------- */
+/* ---- the loop kernels of the vector ops (templates/kernels*.c) -------------- */
 
 ${kernels_c}
 #ifdef MV_NR
@@ -1087,33 +1060,6 @@ alloc_aligned(size_t n, size_t size, void **raw)
     return (void *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
 }
 
-#ifdef MV_NR
-/* The loops this CPU runs best ($$MICROGRAD_KERNELS=base|avx2|avx512 asks
- * for one, if the CPU has it): every set gives the same bits. */
-static const MatVecKernels *
-choose_kernels(void)
-{
-#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))
-    return &kernels_plain;
-#else
-    const char *want = getenv("MICROGRAD_KERNELS");
-    if (want && strcmp(want, "base") == 0)
-        return &kernels_base;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-    const int avx2 = __builtin_cpu_supports("avx2");
-    if (avx512 && !(want && strcmp(want, "avx2") == 0))
-        return &kernels_avx512;
-    if (avx2)
-        return &kernels_avx2;
-#endif
-    return &kernels_base;
-#endif
-}
-#endif
-
 static int
 nn_exec(PyObject *module)
 {
@@ -1133,7 +1079,7 @@ nn_exec(PyObject *module)
         return -1;
     }
 #ifdef MV_NR
-    K = choose_kernels();
+    K = mv_choose_kernels();
 #endif
     st->threads = 1;
     st->upto = POSITIONS;

@@ -22,7 +22,7 @@ from compiler.codegen import optimizer as optimizer_c, sums
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
-from compiler.constants import BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS
+from compiler.constants import BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, PART
 from compiler.ir import MatVec, Op, Sum, features, needs_grad, prefix_cuts
 from compiler.templates import read_template
 
@@ -33,10 +33,13 @@ GENERATOR_VERSION = '3'
 
 class _Functions:
     """Per-row functions of straight-line code, each split into ``noinline``
-    chunks: clang and gcc are superlinear in the size of one function."""
+    chunks (clang and gcc are superlinear in the size of one function), and
+    grouped into parts of about ``PART`` statements: the translation units
+    that build in parallel."""
 
     def __init__(self):
-        self.text = []
+        self.definitions = []     # [(statements, C text)] per function
+        self.prototypes = []
         self.count = 0
 
     def define(self, kind, params, lines):
@@ -44,19 +47,50 @@ class _Functions:
         self.count += 1
         name = f'seg{self.count}_{kind}'
         if len(lines) <= CHUNK:
-            self.text += [f'static NOINLINE void\n{name}({params[0]})\n{{',
-                          '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n']
+            self._function(name, params, lines)
             return name
         calls = []
         for n, start in enumerate(range(0, len(lines), CHUNK)):
-            self.text.append(f'static NOINLINE void\n{name}_{n}({params[0]})\n{{')
-            self.text.append('    ' + '\n'.join(lines[start:start + CHUNK]).replace('\n', '\n    '))
-            self.text.append('}\n')
+            self._function(f'{name}_{n}', params, lines[start:start + CHUNK])
             calls.append(f'    {name}_{n}({params[1]});')
-        self.text.append(f'static void\n{name}({params[0]})\n{{')
-        self.text.extend(calls)
-        self.text.append('}\n')
+        self.prototypes.append(f'HIDDEN void {name}({params[0]});')
+        self.definitions.append((0, '\n'.join([f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{', *calls, '}\n'])))
         return name
+
+    def _function(self, name, params, lines):
+        self.prototypes.append(f'HIDDEN void {name}({params[0]});')
+        self.definitions.append((len(lines), '\n'.join([
+            f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{',
+            '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n'])))
+
+    @property
+    def statements(self):
+        return sum(n for n, _ in self.definitions)
+
+    def parts(self):
+        """The definitions grouped into parts of about ``PART`` statements."""
+        parts, current, size = [], [], 0
+        for n, text in self.definitions:
+            if current and size + n > PART:
+                parts.append(current)
+                current, size = [], 0
+            current.append(text)
+            size += n
+        return parts + ([current] if current else [])
+
+
+class Source(str):
+    """The C source of a module: as one file (the string itself: what
+    ``export`` writes, what a user builds by hand), and as translation units
+    that build in parallel and are cached one by one (``parts``: ``[(name,
+    text)]``; the loop kernels' part is the same for every program).
+    ``statements``: the straight-line statements, what compile time grows with."""
+
+    def __new__(cls, text, parts=(), statements=0):
+        source = super().__new__(cls, text)
+        source.parts = list(parts)
+        source.statements = statements
+        return source
 
 
 def _loss_of(layout, program):
@@ -216,7 +250,7 @@ class _Program:
             # contributions in row order
             backward = ['for (int row = r0; row < r1; row++) {', '    const int r0 = row, r1 = row + 1;',
                         *['    ' + s for s in backward], '}']
-        out += self.functions.text
+        out += self.functions.prototypes
         out += ['static void\nforward_rows(const Block *b, int r0, int r1, void *scratch)\n{']
         out += ['    ' + s for s in forward]
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n',
@@ -235,21 +269,23 @@ class _Program:
 
 
 def _kernels(uses_matvec):
-    """The loop kernels: what they share, then the loops once per
-    instruction set this build may meet (chosen when the module loads)."""
+    """``(interface, code)`` of the loop kernels: what the module needs to
+    call them, and the kernels themselves (what they share, then the loops
+    once per instruction set this build may meet, and the choice of one at
+    load time). Both are the same for every program."""
     if not uses_matvec:
-        return ''
+        return '', ''
     body = read_template('kernels_body.c')
-    parts = [read_template('kernels.c'),
-             '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
-             '#define MV_LEVEL -1', Template(body).substitute(isa='plain'), '#undef MV_LEVEL',
-             '#else', '#if defined(__x86_64__)',
-             '#define MV_LEVEL 2', Template(body).substitute(isa='avx512'), '#undef MV_LEVEL',
-             '#define MV_LEVEL 1', Template(body).substitute(isa='avx2'), '#undef MV_LEVEL',
-             '#endif',
-             '#define MV_LEVEL 0', Template(body).substitute(isa='base'), '#undef MV_LEVEL',
-             '#endif']
-    return '\n'.join(parts)
+    code = [read_template('kernels.c'),
+            '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
+            '#define MV_LEVEL -1', Template(body).substitute(isa='plain'), '#undef MV_LEVEL',
+            '#else', '#if defined(__x86_64__)',
+            '#define MV_LEVEL 2', Template(body).substitute(isa='avx512'), '#undef MV_LEVEL',
+            '#define MV_LEVEL 1', Template(body).substitute(isa='avx2'), '#undef MV_LEVEL',
+            '#endif',
+            '#define MV_LEVEL 0', Template(body).substitute(isa='base'), '#undef MV_LEVEL',
+            '#endif', read_template('kernels_choose.c')]
+    return read_template('kernels_api.c'), '\n'.join(code)
 
 
 def _runs(program, layout):
@@ -273,7 +309,8 @@ def _outputs(program, layout):
 
 
 def emit_module(program, optimizer=None, initial_params=None):
-    """The complete C source of the ``nn`` extension module.
+    """The C source of the ``nn`` extension module (a ``Source``: one file,
+    and its translation units).
 
     ``optimizer`` (``compiler.SGD``/``Adam``/``AdamW``) is compiled in for
     ``step`` and ``train_batch`` (``program.input_grads`` makes ``backward``
@@ -283,20 +320,33 @@ def emit_module(program, optimizer=None, initial_params=None):
     body, numbers = prog.emit()
     layout = prog.layout
     optimizer_defines = optimizer_c.defines(optimizer)
+    segments = prog.functions.parts()
     # program_hash names all the module computes: the graph, its optimizer,
     # its gradients (the graph alone: program.graph_hash)
-    digest = hashlib.sha256('\n'.join([body, optimizer_defines]).encode()).hexdigest()[:16]
-    kernels = _kernels(bool(layout.matvecs))
+    digest = hashlib.sha256('\n'.join([body, *(t for part in segments for t in part),
+                                       optimizer_defines]).encode()).hexdigest()[:16]
     initial = ''
     if initial_params is not None:
         values = ', '.join(c_double(x) for x in initial_params) or '0.0'
         initial = ('#define HAVE_INITIAL_PARAMS 1\n'
                    f'static const double INITIAL_PARAMS[] = {{{values}}};   /* the user\'s order */')
     feats = features(program)
-    return Template(read_template('module.c')).substitute(
+    prelude = read_template('prelude.c')
+    kernel_api, kernel_code = _kernels(bool(layout.matvecs))
+    module = Template(read_template('module.c'))
+    fields = dict(
         generator_version=GENERATOR_VERSION, program_hash=digest, graph_hash=program.graph_hash or 'none',
         n_inputs=program.n_inputs, n_params=program.n_params, n_outputs=len(program.outputs),
         n_features=len(feats), features=', '.join(map(str, feats)) or '0',
         param_runs=_runs(program, layout), output_at=_outputs(program, layout),
-        kernels_c=kernels, program=body, initial_params=initial,
-        optimizer=optimizer_defines, **numbers)
+        initial_params=initial, optimizer=optimizer_defines, prelude=prelude, **numbers)
+    every_segment = '\n'.join(t for part in segments for t in part)
+    single = module.substitute(kernels_c=kernel_api + '\n' + kernel_code, program=every_segment + '\n' + body,
+                               **fields)
+    if not kernel_code and len(segments) <= 1:
+        return Source(single, [('module', single)], prog.functions.statements)   # small: one unit
+    parts = [('module', module.substitute(kernels_c=kernel_api, program=body, **fields))]
+    if kernel_code:
+        parts.append(('kernels', prelude + '\n' + kernel_api + '\n' + kernel_code))
+    parts += [(f'segments{i + 1}', prelude + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
+    return Source(single, parts, prog.functions.statements)

@@ -1,0 +1,53 @@
+/* ---- the loop kernels of the MatVec ops: their interface -------------------
+ *
+ * A MatVec is y[n] = h[n] + W[n][0]*x[0] + ... + W[n][C-1]*x[C-1] for n < R,
+ * for every input row, each output ONE running sum whose terms are added in
+ * the interpreter's order: acc = acc + (w*x), the product rounded, then the
+ * sum rounded; no FMA (see the floating-point contract at the top of the
+ * module), no reassociation, no partial sums. Speed comes only from working
+ * on many independent sums at once: register tiles of 8 rows x 16 neurons
+ * (forward), 8 rows x 16 inputs (input gradient) and 16 inputs x 16 neurons
+ * (weight gradient), over weights packed into 64-byte-aligned panels
+ * (kernels_body.c holds the loops, built once per instruction set).
+ *
+ * Zero skipping: a term w * 0 with w finite is a signed zero, and adding a
+ * signed zero to a running sum leaves it unchanged unless the sum is -0.0;
+ * a sum that does not start at -0.0 never becomes -0.0 (in round-to-nearest,
+ * only -0 + -0 is -0). So a term whose x (or gradient) is zero is left out
+ * while the other factor is finite and the sum did not start at -0.0; a tile
+ * leaves out a column only when all its rows are zero there. Non-finite data
+ * is never skipped, so it gives the interpreter's bits too.
+ *
+ * Layouts (rows of a block are ROW_STRIDE doubles apart):
+ *   x of row r          v + r*ld + x0 + k
+ *   y of row r          v + r*ld + y0 + n, with room for round16(R) values
+ *   W                   the parameters, by column: W[n][k] = p[w0 + k*RP + n],
+ *                       RP = round16(R) (the padding stays 0)
+ *   gradient of W       gp[w0 + k*RP + n], the same layout
+ *   forward panels      wp[(q*C + k)*16 + i] = W[16q + i][k]  (aux)
+ *   heads, padded       hp[n]                                 (aux)
+ *   input-grad panels   wq[(q*R + j)*16 + i] = W[perm[j]][16q + i]   (aux)
+ */
+
+#define MV_NR 16          /* neurons per forward panel and weight-gradient tile */
+#define MV_FWD_MR 8       /* rows per forward register tile */
+#define MV_BGX_NK 16      /* inputs per input-gradient panel */
+#define MV_BGX_MR 8       /* rows per input-gradient register tile */
+#define MV_BGW_MK 16      /* inputs per weight-gradient tile: they share one list of rows */
+
+/* The loops, one set per instruction set (kernels_body.c), chosen at load. */
+typedef struct {
+    const char *isa;
+    void (*fwd)(const double *wp, const double *hp, int R, int C, int start, int skip,
+                const double *X, long ldx, double *Y, long ldy, int r0, int r1, void *scratch);
+    void (*bgx)(const double *wq, const int *perm, int R, int C, int skip, const double *GY, long ldgy,
+                double *GX, long ldgx, int r0, int r1, void *scratch);
+    void (*bgw)(int R, int C, int n, const double *const *xrow, const double *const *gyrow, double *GW,
+                long ldgw, const int *groups, int g0, int g1, int p0, int p1, void *scratch);
+    void (*bgh)(int R, int n, const double *const *gyrow, double *GH);
+} MatVecKernels;
+
+HIDDEN int mv_all_finite(const double *v, long n);
+HIDDEN void mv_pack_fwd(const double *wt, int R, int C, int RP, double *wp);
+HIDDEN void mv_pack_bgx(const double *wt, const int *perm, int R, int C, int RP, double *wq);
+HIDDEN const MatVecKernels *mv_choose_kernels(void);
