@@ -6,21 +6,26 @@
     python mnist_train.py --download        # full MNIST, fetched into the cache folder
 
 The network is ``micrograd.nn.MLP`` with ``cross_entropy``, traced and compiled
-by ``compiler.compile`` once; training is one ``train_batch`` call (one SGD
-step on the mean gradient) per mini-batch. An input row is the 784 pixels
-scaled to [0, 1] followed by the one-hot label, so the label is an input of
-the graph like the pixels.
+by ``compiler.compile`` once, with the optimizer (``--optimizer``: SGD, SGD
+with momentum, or Adam) compiled into it; training is one ``train_batch``
+call (one step on the mean gradient) per mini-batch, on ``--threads``
+threads. An input row is the 784 pixels scaled to [0, 1] followed by the
+one-hot label, so the label is an input of the graph like the pixels.
 
-Output paths (``--save``, ``--metrics``, ``--plot``) are checked before any
-work. Files are replaced atomically, with the umask's permissions, and a
-symlink is written through to its target. When ``--save`` names the file
-``--load`` read, the previous file is kept as ``PATH.bak``.
+Output paths (``--save``, ``--metrics``, ``--plot``, ``--export``) are
+checked before any work. Files are replaced atomically
+(``compiler.files.atomic_write``), with the umask's permissions, and a
+symlink is written through to its target. ``--save`` writes
+``CompiledModel.save_weights``'s ``.npz`` (the optimizer's state included);
+when it names the file ``--load`` read, the previous file is kept as
+``PATH.bak``.
 
 Exit status: 0 when training ends; 1 on an error, when the loss diverges, or
 when training collapses (final test accuracy at most 1.5 / N_CLASSES, i.e.
 no better than guessing); 128 + the signal's number when stopped by SIGINT
 (Ctrl-C, 130), SIGHUP (129) or SIGTERM (143): training stops after the
-current batch and ``--save``, ``--metrics`` and ``--plot`` are still written.
+current batch and ``--save``, ``--metrics``, ``--plot`` and ``--export`` are
+still written.
 """
 import argparse
 import contextlib
@@ -39,8 +44,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import compiler
+import compiler.weights
 import mnist_data
+from compiler.export import SO_NAME
 from compiler.files import atomic_write, cache_root
+from compiler.model import MAX_THREADS, resolve_threads
 from mnist_data import N_CLASSES, N_PIXELS, input_rows, mnist_graph
 # Train accuracy is measured on at most this many training images (the first
 # ones, the same every epoch): on the full 60,000 a forward pass over all of
@@ -56,6 +64,18 @@ EXIT_ERROR = 1
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ('SIGINT', 'SIGTERM', 'SIGHUP')
                      if hasattr(signal, name))
 NO_HIDDEN = 'none'      # --hidden none: a 784-10 network, softmax regression
+# --optimizer NAME: what it is called in messages, its default --lr, and what
+# it compiles into the module (None: train_batch's own plain SGD step,
+# p -= lr * mean gradient, as before there were compiled optimizers).
+# Momentum 0.9 makes steps up to ten times larger than plain SGD's, hence
+# the smaller default rate; Adam's is the usual 1e-3 (Kingma and Ba, 2015).
+MOMENTUM = 0.9
+OPTIMIZERS = {
+    'sgd': ('SGD', 0.1, lambda lr: None),
+    'momentum': (f'SGD with momentum {MOMENTUM}', 0.01, lambda lr: compiler.SGD(lr, momentum=MOMENTUM)),
+    'adam': ('Adam', 1e-3, lambda lr: compiler.Adam(lr)),
+}
+EXPORT_FILES = ('nn.c', SO_NAME, 'nn.json')     # what CompiledModel.export writes in its folder
 
 
 def default_download_dir():
@@ -89,7 +109,7 @@ def hidden_option(sizes):
     return ','.join(map(str, sizes)) if sizes else NO_HIDDEN
 
 
-def _number(kind, minimum, inclusive=True):
+def _number(kind, minimum, inclusive=True, maximum=None):
     def parse(text):
         try:
             value = kind(text)
@@ -97,6 +117,8 @@ def _number(kind, minimum, inclusive=True):
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not (value >= minimum if inclusive else value > minimum) or not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {text}")
         return value
     return parse
 
@@ -104,12 +126,13 @@ def _number(kind, minimum, inclusive=True):
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog='mnist_train.py', description=__doc__.split('\n\n')[0],
-        epilog='--save, --metrics and --plot are checked before any work, replaced atomically '
-               'with the permissions the umask gives, and written through a symlink to its target. '
+        epilog='--save, --metrics, --plot and --export are checked before any work; files are '
+               'replaced atomically with the permissions the umask gives, and written through a '
+               'symlink to its target. '
                'Exit status: 0 done; 1 error, diverged, or collapsed (final test accuracy at most '
                f'{COLLAPSED_ACCURACY:.2f}, chance level); 130, 143 or 129 when stopped by Ctrl-C, '
-               'SIGTERM or SIGHUP (after the current batch, with --save, --metrics and --plot '
-               'still written).')
+               'SIGTERM or SIGHUP (after the current batch, with --save, --metrics, --plot and '
+               '--export still written).')
     source = parser.add_mutually_exclusive_group()
     source.add_argument('--data', metavar='DIR',
                         help='folder of MNIST-format IDX files (MNIST, Fashion-MNIST, ...); '
@@ -126,60 +149,55 @@ def parse_args(argv):
     parser.add_argument('--epochs', metavar='N', type=_number(int, 0), default=10,
                         help='passes over the training set; 0 only evaluates (default: %(default)s)')
     parser.add_argument('--batch-size', metavar='N', type=_number(int, 1), default=32,
-                        help='images per SGD step (default: %(default)s)')
-    parser.add_argument('--lr', metavar='LR', type=_number(float, 0, inclusive=False), default=0.1,
-                        help='SGD learning rate, applied to the mean gradient of a batch '
-                             '(default: %(default)s)')
+                        help='images per training step (default: %(default)s)')
+    parser.add_argument('--optimizer', choices=OPTIMIZERS, default='sgd',
+                        help=f'sgd: plain SGD (the default); momentum: SGD with momentum {MOMENTUM}; '
+                             f'adam: Adam (betas 0.9, 0.999), compiled into the module with its '
+                             f'state, which --save keeps and --load restores')
+    parser.add_argument('--lr', metavar='LR', type=_number(float, 0, inclusive=False),
+                        help='learning rate, applied to the mean gradient of a batch (default: '
+                             + ', '.join(f'{lr:g} for {name}' for name, (_, lr, _) in OPTIMIZERS.items())
+                             + ')')
     parser.add_argument('--seed', metavar='S', type=int, default=0,
                         help='seeds the initial weights and the per-epoch shuffle (default: %(default)s)')
     parser.add_argument('--limit', metavar='N', type=_number(int, 1),
                         help='train on the first N training images only')
     parser.add_argument('--cc', metavar='CC', help="C compiler: tcc, clang, gcc or a path "
                                                    "(default: $CC, else the best one installed)")
-    parser.add_argument('--load', metavar='PATH', help='start from weights saved by --save')
+    parser.add_argument('--threads', metavar='N', type=_number(int, 1, maximum=MAX_THREADS),
+                        help='threads that train and predict, the same results for any number '
+                             '(default: $MICROGRAD_THREADS, else every core this process may use)')
+    parser.add_argument('--load', metavar='PATH',
+                        help="start from weights saved by --save, and from their optimizer's "
+                             "state if it is this --optimizer's")
     parser.add_argument('--save', metavar='PATH',
-                        help='write the final weights (.npz); when PATH is the --load file, '
-                             'the previous one is kept as PATH.bak')
+                        help="write the final weights and the optimizer's state (.npz); when "
+                             "PATH is the --load file, the previous one is kept as PATH.bak")
     parser.add_argument('--metrics', metavar='PATH',
                         help='write the run as JSON: per-epoch losses and accuracies, per-batch losses')
     parser.add_argument('--plot', metavar='PATH',
                         help='draw loss and accuracy curves (PNG; needs matplotlib)')
+    parser.add_argument('--export', metavar='DIR',
+                        help='write the trained model as a folder that `import nn` works from, with '
+                             'neither micrograd nor the compiler: nn.c, nn.abi3.so, nn.json (DIR is '
+                             'created, or must be empty or an earlier export)')
     chatter = parser.add_mutually_exclusive_group()
     chatter.add_argument('-q', '--quiet', action='store_true', help='print only the final line (and errors)')
-    chatter.add_argument('-v', '--verbose', action='store_true', help="print every batch's loss")
-    return parser.parse_args(argv)
+    chatter.add_argument('-v', '--verbose', action='store_true',
+                         help="print what was compiled (m.summary()) and every batch's loss")
+    args = parser.parse_args(argv)
+    if args.lr is None:
+        args.lr = OPTIMIZERS[args.optimizer][1]
+    return args
 
 
 # ---- output files -----------------------------------------------------------
 
-OUTPUT_OPTIONS = ('save', 'metrics', 'plot')
+OUTPUT_OPTIONS = ('save', 'metrics', 'plot')     # files; --export is a folder
 
 
 class OutputPathError(ValueError):
     """An output path that could not be written: found before any work."""
-
-
-def current_umask():
-    # The only portable way to read the umask is to set it; this program
-    # creates no files from other threads meanwhile.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def write_output(path, mode='wb'):
-    """``atomic_write`` to ``path``, through a symlink to its target, and with
-    the permissions a plain ``open`` would give (``0o666 & ~umask``, so
-    0644 under the usual umask 022) instead of ``mkstemp``'s 0600.
-
-    Both belong in ``compiler.files.atomic_write``: resolve ``path`` with
-    ``os.path.realpath`` before choosing the folder and the final name, and
-    ``chmod`` the temporary file before the rename.
-    """
-    with atomic_write(os.path.realpath(path), mode) as f:
-        yield f
-        os.chmod(f.fileno(), 0o666 & ~current_umask())
 
 
 def backup_path(path):
@@ -190,13 +208,25 @@ def backup_path(path):
 def keep_backup(path):
     """Copy the file at ``path`` (through a symlink) to ``backup_path(path)``; returns that path."""
     backup = backup_path(path)
-    with open(os.path.realpath(path), 'rb') as source, write_output(backup) as f:
+    with open(os.path.realpath(path), 'rb') as source, atomic_write(backup) as f:
         shutil.copyfileobj(source, f)
     return backup
 
 
 def same_file(a, b):
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_can_create_files(named, folder):
+    """Raise ``OutputPathError`` unless a file can be created in ``folder``."""
+    # Asking os.access would be wrong for root, read-only mounts and ACLs:
+    # create (and remove) a file the way atomic_write will.
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix='.probe.', suffix='.tmp')
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise OutputPathError(f"{named}: cannot write in {folder} ({e.strerror})") from None
 
 
 def check_output_path(option, path):
@@ -212,21 +242,39 @@ def check_output_path(option, path):
     if not os.path.isdir(folder):
         problem = 'is not a folder' if os.path.exists(folder) else 'does not exist'
         raise OutputPathError(f"{named}: {folder} {problem}")
-    # Asking os.access would be wrong for root, read-only mounts and ACLs:
-    # create (and remove) a file the way atomic_write will.
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(target)}.', suffix='.tmp')
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise OutputPathError(f"{named}: cannot write in {folder} ({e.strerror})") from None
+    check_can_create_files(named, folder)
+
+
+def check_export_folder(path):
+    """Raise ``OutputPathError`` (one line) unless ``CompiledModel.export`` can
+    write ``path``: a folder that is empty, holds an earlier export (only its
+    files: they are replaced), or can be created (with its missing parents)."""
+    target = os.path.realpath(path)
+    named = f"--export {path}"
+    if os.path.isdir(target):
+        others = sorted(set(os.listdir(target)) - set(EXPORT_FILES))
+        if others:
+            shown = ', '.join(others[:3]) + (f' and {len(others) - 3} more' if len(others) > 3 else '')
+            raise OutputPathError(f"{named} holds other files than an export's ({shown}): give a new "
+                                  f"or empty folder, or an earlier export")
+        check_can_create_files(named, target)
+        return
+    if os.path.lexists(target):
+        raise OutputPathError(f"{named} exists and is not a folder")
+    parent = os.path.dirname(target)
+    while not os.path.lexists(parent):      # export creates the missing folders
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise OutputPathError(f"{named}: {parent} is not a folder")
+    check_can_create_files(named, parent)
 
 
 def check_outputs(args):
-    """Every problem ``--save``, ``--metrics`` and ``--plot`` would hit after
-    training, found before it starts: unwritable or missing folders,
-    folders given as files, two options naming one file, ``--metrics`` or
-    ``--plot`` over the ``--load`` file."""
+    """Every problem ``--save``, ``--metrics``, ``--plot`` and ``--export``
+    would hit after training, found before it starts: unwritable or missing
+    folders, folders given as files and files as folders, two options naming
+    one file, ``--metrics`` or ``--plot`` over the ``--load`` file, an
+    ``--export`` folder holding other files."""
     seen = {}
     if args.load:
         seen[os.path.realpath(args.load)] = 'load'
@@ -245,6 +293,16 @@ def check_outputs(args):
             raise OutputPathError(f"--{other} and --{option} both name {target}: "
                                   f"give each option its own file")
         seen[target] = option
+    if args.export:
+        check_export_folder(args.export)
+        folder = os.path.realpath(args.export)
+        for target, option in seen.items():
+            if target == folder:
+                raise OutputPathError(f"--{option} and --export both name {folder}: "
+                                      f"give each option its own path")
+            if os.path.dirname(target) == folder and os.path.basename(target) in EXPORT_FILES:
+                raise OutputPathError(f"--{option} {getattr(args, option)} is a file --export "
+                                      f"writes: give each option its own path")
 
 
 # ---- data -------------------------------------------------------------------
@@ -284,15 +342,19 @@ def architecture(sizes):
     return '-'.join(str(s) for s in sizes)
 
 
-def build_model(hidden, seed=0, cc=None):
-    """Trace ``MLP(784, hidden + [10])`` and its cross-entropy loss once, and compile it.
+def build_model(hidden, seed=0, cc=None, optimizer='sgd', lr=None, threads=None):
+    """Trace ``MLP(784, hidden + [10])`` and its cross-entropy loss once, and
+    compile it with ``optimizer`` (a key of ``OPTIMIZERS``; ``lr`` defaults
+    to its rate) running on ``threads`` threads (None: as ``compile`` decides).
 
     The graph's inputs are the pixels and the one-hot label, so one compiled
     module serves every image; the Value graph is dropped once compiled.
     """
+    _, default_lr, make = OPTIMIZERS[optimizer]
     graph = mnist_graph(hidden, seed=seed)
     return compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
-                            outputs=graph.logits, cc=cc)
+                            outputs=graph.logits, cc=cc, threads=threads,
+                            optimizer=make(default_lr if lr is None else lr))
 
 
 @dataclass
@@ -329,58 +391,91 @@ class WeightsError(ValueError):
         self.saved_sizes = saved_sizes
 
 
-def save_weights(path, params, sizes):
-    # Written through a file object: np.savez given a name would append '.npz'.
-    with write_output(path) as f:
-        np.savez(f, params=params, layer_sizes=np.asarray(sizes))
+def save_weights(model, path, sizes, optimizer='sgd'):
+    """``model.save_weights`` (its parameters and its optimizer's state) with
+    the layer sizes and the ``--optimizer`` as metadata."""
+    model.save_weights(path, metadata={'layer_sizes': sizes, 'optimizer': optimizer})
 
 
 ZIP_MAGIC, NPY_MAGIC = b'PK\x03\x04', b'\x93NUMPY'     # how .npz and .npy files begin
 
 
-def load_weights(path, sizes):
-    """The parameter vector saved at ``path``, checked to be for a network of
-    ``sizes`` and finite; anything else raises a one-line ``WeightsError``."""
+def one_line(error):
+    """An exception's message on one line, never empty."""
+    return ' '.join(str(error).split()) or type(error).__name__
+
+
+def read_weights(path, sizes):
+    """The arrays of the weights file at ``path`` (``compiler.weights.read``),
+    checked to be for a network of ``sizes``, with finite parameters and
+    optimizer state: read before any work, so that a bad file is refused at
+    once. Anything else raises a one-line ``WeightsError``."""
     not_ours = f"{path}: not a weights file written by --save"
     try:
         with open(path, 'rb') as f:
             start = f.read(len(NPY_MAGIC))
-        known = start.startswith(ZIP_MAGIC) or start == NPY_MAGIC    # np.load would try pickle next
-        saved = np.load(path, allow_pickle=False) if known else None
-        if isinstance(saved, np.lib.npyio.NpzFile):
-            with saved:
-                params, saved_sizes = saved['params'], saved['layer_sizes']
     except OSError as e:    # missing, a folder, unreadable
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
-    # A damaged or foreign file makes zipfile and numpy raise nearly anything:
-    # BadZipFile (bad CRC, truncated), KeyError, NotImplementedError
-    # (compression method), RuntimeError ("encrypted"), ValueError ("negative
-    # seek", pickled data), EOFError. Every one means the same thing here.
-    except Exception as e:  # noqa: BLE001
-        reason = ' '.join(str(e).split()) or type(e).__name__     # one line, never empty
-        raise WeightsError(f"{not_ours}, or it is damaged ({reason})") from None
     if not start:
         raise WeightsError(f"{not_ours}: it is empty")
-    if not known:
-        raise WeightsError(f"{not_ours}: it is neither an .npz nor an .npy file")
-    if not isinstance(saved, np.lib.npyio.NpzFile):
+    if start == NPY_MAGIC:
         raise WeightsError(f"{not_ours}: it holds a single array (.npy), not the .npz that --save writes")
+    if not start.startswith(ZIP_MAGIC):     # np.load would try to unpickle it
+        raise WeightsError(f"{not_ours}: it is neither an .npz nor an .npy file")
+    try:
+        saved = compiler.weights.read(path)
+    except compiler.weights.WeightsError as e:
+        raise WeightsError(one_line(e)) from None
+    # A damaged file can make zipfile and numpy raise what read() does not
+    # expect: NotImplementedError (compression method), RuntimeError
+    # ("encrypted"), struct.error... Each means the same thing here.
+    except Exception as e:  # noqa: BLE001
+        raise WeightsError(f"{not_ours}, or it is damaged ({type(e).__name__}: {one_line(e)})") from None
+    if 'meta_layer_sizes' not in saved:
+        raise WeightsError(f"{not_ours}: it has no layer sizes (meta_layer_sizes)")
+    saved_sizes, params = saved['meta_layer_sizes'], saved['params']
     if (saved_sizes.ndim != 1 or saved_sizes.dtype.kind not in 'iu' or len(saved_sizes) < 2
             or saved_sizes.min() < 1):
-        raise WeightsError(f"{not_ours}: its layer_sizes are {saved_sizes!r}")
+        raise WeightsError(f"{not_ours}: its layer sizes are {saved_sizes!r}")
     saved_sizes = [int(s) for s in saved_sizes]
     if saved_sizes != list(sizes):
         raise WeightsError(f"{path} holds a {architecture(saved_sizes)} network, "
                            f"but this run builds {architecture(sizes)}", saved_sizes)
     expected = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
-    if params.dtype.kind != 'f' or params.shape != (expected,):
+    if params.dtype != np.float64 or params.shape != (expected,):
         raise WeightsError(f"{path}: {params.dtype} parameters of shape {params.shape}; "
                            f"a {architecture(sizes)} network has {expected} float64 ones")
     bad = np.flatnonzero(~np.isfinite(params))
     if bad.size:
         raise WeightsError(f"{path}: {bad.size} of its parameters are not finite "
                            f"(parameter {bad[0]} is {params[bad[0]]})")
-    return params.astype(np.float64)
+    state = saved.get('optimizer_state')
+    if state is not None and (state.dtype.kind != 'f' or not np.isfinite(state).all()):
+        raise WeightsError(f"{path}: its optimizer state is not finite")
+    return saved
+
+
+def saved_optimizer(saved):
+    """The ``--optimizer`` a weights file was trained with, as far as it says."""
+    if 'meta_optimizer' in saved:
+        return f"--optimizer {saved['meta_optimizer']}"
+    return f"the optimizer {saved['optimizer']}" if 'optimizer' in saved else 'no optimizer'
+
+
+def load_saved(model, path, saved, optimizer):
+    """Set ``model``'s parameters from the file ``read_weights`` checked, and
+    its optimizer's state when the file holds this optimizer's
+    (``CompiledModel.load_weights`` decides); returns what was loaded, for people."""
+    model.load_weights(path)
+    state = saved.get('optimizer_state')
+    saved_vectors = state is not None and state.size > 1        # more than a step count
+    if saved_vectors and np.array_equal(model.optimizer_state(), state):
+        return (f"loaded weights and {OPTIMIZERS[optimizer][0]} state "
+                f"(after {int(state[0]):,} steps) from {path}")
+    if saved_vectors:
+        return (f"loaded weights from {path}, without its optimizer state ({saved_optimizer(saved)}'s; "
+                f"this run uses --optimizer {optimizer})")
+    return f"loaded weights from {path}"
 
 
 # ---- training ---------------------------------------------------------------
@@ -533,7 +628,9 @@ def stop_on_signals():
 
 def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=None, on_batch=None,
           stop=None):
-    """SGD over ``data['train']`` in shuffled mini-batches; returns a ``Training``.
+    """Train over ``data['train']`` in shuffled mini-batches, one step of the
+    model's optimizer (plain SGD without one) at rate ``lr`` per batch;
+    returns a ``Training``.
 
     ``progress(label, total)`` makes a ``ProgressBar`` or ``ProgressLines``
     for an epoch (None: no progress), ``on_batch(epoch, batch, n_batches,
@@ -639,12 +736,15 @@ def batch_line(epoch, epochs, batch, n_batches, loss):
 
 
 def compile_line(model):
-    """Total and per-stage seconds, in the compiler's own stage order, then the toolchain."""
+    """Total and per-stage seconds, in the compiler's own stage order, the
+    toolchain, and the threads that will train."""
     build = model.build
     stages = ', '.join(f'{stage} {seconds:.2f} s' for stage, seconds in model.timings.items())
     cached = ', cached build' if build.cached else ''
+    threads = model.threads
     return (f"compiled in {sum(model.timings.values()):.2f} s ({stages}{cached}) "
-            f"with {build.toolchain.version} [{' '.join(build.flags)}]")
+            f"with {build.toolchain.version} [{' '.join(build.flags)}]; "
+            f"{threads} thread{'s' * (threads != 1)}")
 
 
 def metrics(args, dataset, data, model, sizes, result):
@@ -656,7 +756,8 @@ def metrics(args, dataset, data, model, sizes, result):
         'train_accuracy_images': min(n_train, TRAIN_ACCURACY_IMAGES),
         'layer_sizes': sizes,
         'params': model.n_params,
-        'epochs': args.epochs, 'batch_size': args.batch_size, 'lr': args.lr, 'seed': args.seed,
+        'epochs': args.epochs, 'batch_size': args.batch_size, 'optimizer': args.optimizer,
+        'lr': args.lr, 'seed': args.seed, 'threads': model.threads,
         'compiler': {'name': model.build.toolchain.family, 'version': model.build.toolchain.version,
                      'path': model.build.toolchain.path, 'flags': list(model.build.flags),
                      'cached': model.build.cached},
@@ -723,7 +824,7 @@ def draw_curves(history, batch_losses, batches_per_epoch, title):
 def plot_curves(path, history, title, batch_losses=(), batches_per_epoch=1):
     plt = require_matplotlib()
     fig = draw_curves(history, list(batch_losses), batches_per_epoch, title)
-    with write_output(path) as f:
+    with atomic_write(path) as f:
         fig.savefig(f, format='png')
     plt.close(fig)
 
@@ -750,33 +851,42 @@ def run(args):
         check_outputs(args)
         if args.plot:
             require_matplotlib()    # now, not after a long run
-        loaded = load_weights(args.load, sizes) if args.load else None
+        threads = resolve_threads(args.threads)     # a bad $MICROGRAD_THREADS, now
+        saved = read_weights(args.load, sizes) if args.load else None
         dataset, data = load_dataset(args)
     except WeightsError as e:
-        saved = e.saved_sizes
-        hint = (f"; pass --hidden {hidden_option(saved[1:-1])} to use it"
-                if saved and saved[0] == N_PIXELS and saved[-1] == N_CLASSES else '')
+        other = e.saved_sizes
+        hint = (f"; pass --hidden {hidden_option(other[1:-1])} to use it"
+                if other and other[0] == N_PIXELS and other[-1] == N_CLASSES else '')
         print(f"error: {e}{hint}", file=sys.stderr)
         return EXIT_ERROR
-    except (ImportError, OSError, ValueError) as e:    # output paths, missing files, download, bad data
+    # output paths, $MICROGRAD_THREADS, missing files, download, bad data
+    except (ImportError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     images, labels = data['train']
     say(f"data: {dataset}: {len(images):,} training and {len(data['test'][0]):,} test images")
     try:
-        model = build_model(args.hidden, seed=args.seed, cc=args.cc)
+        model = build_model(args.hidden, seed=args.seed, cc=args.cc, optimizer=args.optimizer,
+                            lr=args.lr, threads=threads)
     except compiler.BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    say(f"model: {architecture(sizes)} MLP, {model.n_params:,} parameters")
+    say(f"model: {architecture(sizes)} MLP, {model.n_params:,} parameters; "
+        f"{OPTIMIZERS[args.optimizer][0]}, learning rate {args.lr:g}")
     say(compile_line(model))
+    if args.verbose:
+        print(model.summary(), flush=True)
+    if saved is not None:
+        try:
+            say(load_saved(model, args.load, saved, args.optimizer))
+        except compiler.weights.WeightsError as e:     # another graph's, or changed since read
+            print(f"error: {one_line(e)}", file=sys.stderr)
+            return EXIT_ERROR
 
     # From here on the first SIGINT, SIGTERM or SIGHUP stops training after
     # the batch, and the outputs are still written.
     with stop_on_signals() as stop:
-        if loaded is not None:
-            model.set_params(loaded)
-            say(f"loaded weights from {args.load}")
         if args.epochs == 0:
             train_scores = evaluate(model, images[:TRAIN_ACCURACY_IMAGES], labels[:TRAIN_ACCURACY_IMAGES])
             test_scores = evaluate(model, *data['test'])
@@ -789,7 +899,7 @@ def run(args):
                        progress=progress_for(args), on_batch=batch_printer(args), stop=stop,
                        on_epoch=lambda e: say(epoch_line(e, args.epochs)))
         failed = report_outcome(args, result, time.perf_counter() - started)
-        write_outputs(args, dataset, data, model, sizes, result, say)
+        failed |= not write_outputs(args, dataset, data, model, sizes, result, say)
     if stop.is_set():
         return exit_status(stop.signum)
     return EXIT_ERROR if failed else 0
@@ -823,7 +933,8 @@ def report_outcome(args, result, seconds):
             why = (f"its test loss {last.test_loss:.4f} is far worse than guessing's {guessing:.4f}: "
                    f"learning rate {args.lr:g} too high?")
         else:
-            why = (f"after {steps} SGD step{'s' * (steps != 1)} at learning rate {args.lr:g}: "
+            name = 'SGD' if args.optimizer == 'sgd' else OPTIMIZERS[args.optimizer][0]
+            why = (f"after {steps} {name} step{'s' * (steps != 1)} at learning rate {args.lr:g}: "
                    f"train longer, or change the rate")
         print(f"training collapsed: the final test accuracy {last.test_accuracy:.4f} is no better than "
               f"guessing (chance is {1 / N_CLASSES:.2f}; a run at or below {COLLAPSED_ACCURACY:.2f} "
@@ -833,14 +944,15 @@ def report_outcome(args, result, seconds):
 
 
 def write_outputs(args, dataset, data, model, sizes, result, say):
-    """``--save`` (keeping the ``--load`` file as ``.bak`` if it is the same), ``--metrics``, ``--plot``."""
+    """``--save`` (keeping the ``--load`` file as ``.bak`` if it is the same),
+    ``--metrics``, ``--plot``, ``--export``; False if one could not be written."""
     if args.save:
         backup = keep_backup(args.save) if args.load and same_file(args.load, args.save) else None
-        save_weights(args.save, model.params(), sizes)
+        save_weights(model, args.save, sizes, args.optimizer)
         say(f"saved weights to {args.save}" + (f" (the previous file is kept as {backup})" if backup else ''))
     if args.metrics:
         report = metrics(args, dataset, data, model, sizes, result)
-        with write_output(args.metrics, 'w') as f:
+        with atomic_write(args.metrics, 'w') as f:
             f.write(json.dumps(report, indent=1))
     if args.plot:
         if result.history:
@@ -849,6 +961,15 @@ def write_outputs(args, dataset, data, model, sizes, result, say):
             say(f"plotted to {args.plot}")
         else:
             print(f"no finished epoch: {args.plot} not written", file=sys.stderr)
+    if args.export:
+        try:
+            model.export(args.export)
+        except (compiler.BuildError, compiler.ExportError, OSError) as e:
+            print(f"error: --export {args.export}: {e}", file=sys.stderr)
+            return False
+        say(f"exported the model to {args.export}: {', '.join(EXPORT_FILES)} "
+            f"(sys.path.insert(0, {args.export!r}); import nn)")
+    return True
 
 
 if __name__ == '__main__':

@@ -49,19 +49,51 @@ def sha256_file(path):
         return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
+PROC_STATUS = '/proc/self/status'      # Linux 4.7+ shows the umask there
+
+
+def current_umask():
+    """The process's umask, read from ``/proc/self/status``. Elsewhere it is
+    read the only portable way, by setting it with ``os.umask`` and setting
+    it back: a file another thread creates in between gets umask 022's mode."""
+    try:
+        with open(PROC_STATUS) as f:
+            for line in f:
+                if line.startswith('Umask:'):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
-def atomic_write(path, mode='wb'):
+def atomic_write(path, mode='wb', private=False):
     """A file object whose contents replace ``path`` only when the block ends
     without an exception: written to a temporary file in the same folder,
     then renamed over ``path`` (atomic within a folder). A crash, a full disk
     or Ctrl-C mid-write never leaves a partial file where an earlier good one
-    was, and nothing is left behind on failure."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.', suffix='.tmp')
+    was, and nothing is left behind on failure.
+
+    The file ends up as a plain ``open(path, 'w')`` would leave it, not as
+    ``mkstemp`` makes it: with mode ``0o666 & ~umask`` (0644 under the usual
+    umask 022) instead of 0600, and when ``path`` is a symlink the link
+    stays and its target gets the contents (the temporary file goes beside
+    the target, so the rename stays within one folder). ``private=True``
+    keeps ``mkstemp``'s 0600, for files only their owner should read."""
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(target)}.', suffix='.tmp')
     try:
         with os.fdopen(fd, mode) as f:
+            if not private:
+                # A file system without modes (vfat) may refuse: the file
+                # then keeps mkstemp's narrower mode, which is safe.
+                with contextlib.suppress(OSError):
+                    os.fchmod(f.fileno(), 0o666 & ~current_umask())
             yield f
-        os.replace(temp, path)
+        os.replace(temp, target)
     except BaseException:
         remove_if_present(temp)
         raise
@@ -92,7 +124,7 @@ def touch(path):
 # -- the cache folder: entries, temporaries, the size cap -------------------------------
 
 KEY = re.compile(r'[0-9a-f]{32}')
-ENTRY_FILE = re.compile(r'([0-9a-f]{32})\.(so|sha256|c|lock)')
+ENTRY_FILE = re.compile(r'([0-9a-f]{32})\.(so|o|sha256|c|lock)')
 TEMPORARY = re.compile(r'\..*?([0-9a-f]{32})')
 DEFAULT_CACHE_MAX = 1 << 30          # 1 GiB
 SIZE_UNITS = {'': 1, 'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
@@ -143,8 +175,9 @@ def cache_entries(root):
         groups.setdefault(m.group(1), {})[m.group(2)] = (os.path.join(root, name), st)
     entries = []
     for key, parts in groups.items():
-        built = 'so' in parts
-        last_used = parts['so'][1].st_mtime if built else max(st.st_mtime for _, st in parts.values())
+        built = 'so' in parts or 'o' in parts      # a module, or one translation unit's object
+        done = parts.get('so') or parts.get('o')
+        last_used = done[1].st_mtime if built else max(st.st_mtime for _, st in parts.values())
         entries.append(CacheEntry(key, [p for p, _ in parts.values()],
                                   sum(st.st_size for _, st in parts.values()), last_used, built))
     entries.sort(key=lambda e: (e.built, e.last_used))

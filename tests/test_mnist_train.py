@@ -34,6 +34,24 @@ def run_main(argv):
     return status, out.getvalue(), err.getvalue()
 
 
+@functools.cache
+def untrained_model(hidden=(50,), optimizer='sgd'):
+    """The network ``--hidden`` builds, compiled with tcc once per test session."""
+    return mnist_train.build_model(list(hidden), cc='tcc', optimizer=optimizer)
+
+
+def write_weights(path, params, hidden=(50,)):
+    """A weights file as ``--save`` writes it, holding ``params``."""
+    model = untrained_model(tuple(hidden))
+    model.set_params(params)
+    mnist_train.save_weights(model, path, mnist_train.layer_sizes(list(hidden)))
+
+
+def saved_params(path, hidden=(50,)):
+    """The parameters of a file ``--save`` wrote, read as ``--load`` reads them."""
+    return mnist_train.read_weights(path, mnist_train.layer_sizes(list(hidden)))['params']
+
+
 @pytest.fixture(scope='module')
 def short_run(tmp_path_factory):
     """One 2-epoch run on 1,000 embedded digits, saving weights, metrics and (if it can) a plot."""
@@ -107,12 +125,13 @@ def test_saved_weights_reload_to_identical_predictions(tmp_path):
     trained = mnist_train.build_model([50], seed=0, cc='tcc')
     mnist_train.train(trained, data, epochs=1, batch_size=32, lr=0.1)
     path = tmp_path / 'weights.npz'
-    mnist_train.save_weights(path, trained.params(), [784, 50, 10])
+    mnist_train.save_weights(trained, path, [784, 50, 10])
 
     rows = mnist_data.input_rows(*data['test'])
     other = mnist_train.build_model([50], seed=1, cc='tcc')
     assert not np.array_equal(other.predict(rows), trained.predict(rows))
-    other.set_params(mnist_train.load_weights(path, [784, 50, 10]))
+    saved = mnist_train.read_weights(path, [784, 50, 10])
+    assert mnist_train.load_saved(other, path, saved, 'sgd') == f'loaded weights from {path}'
     np.testing.assert_array_equal(other.predict(rows), trained.predict(rows))
 
 
@@ -135,7 +154,7 @@ def test_load_of_a_file_that_is_not_weights_fails_clearly(tmp_path):
     path = tmp_path / 'junk.npz'
     np.savez(path, something=np.zeros(3))
     status, _, err = run_main([*TCC, '--load', path])
-    assert status == 1 and 'not a weights file written by --save' in err
+    assert status == 1 and f'{path}: not a weights file written by save_weights (no format, params' in err
 
 
 def test_divergence_stops_with_a_message_and_keeps_finite_weights(tmp_path):

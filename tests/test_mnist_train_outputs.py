@@ -8,10 +8,8 @@ import stat
 import numpy as np
 import pytest
 
-import mnist_train
-from tests.test_mnist_train import HAVE_MATPLOTLIB, TCC, run_main
+from tests.test_mnist_train import HAVE_MATPLOTLIB, TCC, run_main, saved_params, write_weights
 
-SIZES = [784, 50, 10]
 N_PARAMS = 785 * 50 + 51 * 10
 QUICK_RUN = [*TCC, '--limit', '300', '--epochs', '1']
 
@@ -84,7 +82,7 @@ def test_two_options_naming_one_file_are_refused(tmp_path, monkeypatch, first, s
 
 def saved_weights(path, seed):
     params = np.random.default_rng(seed).normal(0, 0.05, N_PARAMS)
-    mnist_train.save_weights(path, params, SIZES)
+    write_weights(path, params)
     return params
 
 
@@ -102,9 +100,9 @@ def test_saving_over_the_loaded_file_keeps_it_as_bak(tmp_path):
     backup = tmp_path / 'good.npz.bak'
     assert f'saved weights to {weights} (the previous file is kept as {backup})' in out
     assert backup.read_bytes() == original
-    trained = mnist_train.load_weights(weights, SIZES)
+    trained = saved_params(weights)
     assert not np.array_equal(trained, before)
-    np.testing.assert_array_equal(mnist_train.load_weights(backup, SIZES), before)
+    np.testing.assert_array_equal(saved_params(backup), before)
 
 
 def test_a_backup_path_that_is_a_folder_is_refused_before_any_work(tmp_path):
@@ -154,7 +152,7 @@ def test_a_run_writes_every_output_with_the_umasks_permissions_and_through_symli
     for name in outputs.values():
         assert (tmp_path / name).is_symlink() and os.readlink(tmp_path / name) == str(kept / name)
         assert mode(kept / name) == 0o640, name
-    assert mnist_train.load_weights(tmp_path / 'weights.npz', SIZES).shape == (N_PARAMS,)
+    assert saved_params(tmp_path / 'weights.npz').shape == (N_PARAMS,)
     assert json.loads((kept / 'metrics.json').read_text())['stopped'] == 'completed'
     assert sorted(p.name for p in kept.iterdir()) == sorted(outputs.values()), 'no temporary file left'
 
@@ -165,4 +163,4 @@ def test_saving_through_a_dangling_symlink_creates_its_target(tmp_path):
     link.symlink_to(target)
     params = saved_weights(link, seed=2)
     assert link.is_symlink()
-    np.testing.assert_array_equal(mnist_train.load_weights(target, SIZES), params)
+    np.testing.assert_array_equal(saved_params(target), params)

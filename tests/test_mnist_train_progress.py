@@ -101,7 +101,7 @@ def test_test_loss_is_the_mean_cross_entropy_of_the_test_set(tmp_path):
     assert status == 0, err
     test_loss = json.loads(metrics.read_text())['history'][-1]['test_loss']
     model = mnist_train.build_model([50], cc='tcc')
-    model.set_params(mnist_train.load_weights(save, [784, 50, 10]))
+    model.load_weights(save)
     losses = []
     for row in mnist_data.input_rows(*mnist_data.load_embedded()['test']):
         model.set_input(row)
@@ -136,9 +136,11 @@ def test_metavars_are_like_pytorchs_examples(capsys, monkeypatch):
     usage = capsys.readouterr().out
     for option in ('--epochs N', '--batch-size N', '--limit N', '--lr LR', '--seed S', '--data DIR',
                    '--mirror URL', '--load PATH', '--save PATH', '--metrics PATH', '--plot PATH',
-                   '--hidden N,N', '--cc CC', '-q, --quiet', '-v, --verbose'):
+                   '--hidden N,N', '--cc CC', '-q, --quiet', '-v, --verbose', '--threads N',
+                   '--export DIR', '--optimizer {sgd,momentum,adam}'):
         assert option in usage, option
     assert 'kept as PATH.bak' in usage
+    assert '(default: 0.1 for sgd, 0.01 for momentum, 0.001 for adam)' in ' '.join(usage.split())
 
 
 def fake_history(n_epochs):

@@ -53,7 +53,7 @@ def test_a_stop_signal_saves_writes_metrics_and_exits_128_plus_its_number(tmp_pa
     assert f'interrupted by {name} at epoch' in err or f'interrupted by {name} after epoch' in err
     assert 'Traceback' not in err
     assert f'saved weights to {save}' in out
-    assert np.isfinite(mnist_train.load_weights(save, [784, 50, 10])).all()
+    assert np.isfinite(mnist_train.read_weights(save, [784, 50, 10])['params']).all()
     report = json.loads(metrics.read_text())
     assert (report['stopped'], report['signal']) == ('interrupted', name)
     assert report['history'], 'at least the first epoch was finished'
