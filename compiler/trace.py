@@ -120,10 +120,14 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
                       constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
                       outputs=tuple(slot[v] for v in outputs), input_grads=bool(input_grads))
     if prefix is not None:
+        if n_cone != len(ops):
+            raise TraceError("outputs of a sequence (a list of losses) must be values its losses use: "
+                             "each position's ops run only with that position")
         program.prefix_sums = tuple(slot[v] for v in prefix)
-        if not prefixes_hold(program):
-            raise TraceError("the per-position losses do not run position by position: the "
-                             "ops of a later position are needed before an earlier one's loss")
+        # the depth-first order makes each position's ops follow the earlier
+        # ones', all in the cone of its partial sum: checked all the same
+        assert prefixes_hold(program), 'a sequence traced out of position order'
+
     program.graph_hash = graph_hash(program)
     program.labels = {s: v.label for v, s in slot.items() if v.label and type(v.label) is str}
     return program, slot, undeclared

@@ -1,0 +1,217 @@
+"""Matrices applied at several positions (shared weights) and sequences of
+per-position losses: lifted, and bit for bit the interpreter's."""
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import compiler
+import micrograd
+from compiler.ir import MatVec, prefixes_hold
+from micrograd import Value, cross_entropy
+
+from tests.differential import COMPILERS, FAST_CC, assert_matches_interpreter, needs_cc, same
+
+pytestmark = needs_cc
+
+
+def linear(x, W):
+    return [sum(w * xi for w, xi in zip(row, x)) for row in W]
+
+
+# -- shared weights: one matrix used 1-5 times, interleaved with other ops ------
+
+@st.composite
+def shared_recipes(draw):
+    n_in = draw(st.integers(2, 5))
+    n_out = draw(st.integers(1, 4))
+    uses = draw(st.integers(1, 5))
+    between = draw(st.lists(st.sampled_from(['tanh', 'relu', 'scale', 'mix', 'none']), min_size=uses,
+                            max_size=uses))
+    return n_in, n_out, uses, between
+
+
+def shared_builder(recipe):
+    """One matrix W (n_out x n_in) applied to `uses` vectors made from the
+    inputs and from earlier results, other ops in between."""
+    n_in, n_out, uses, between = recipe
+
+    def build(inputs, params):
+        W = [params[r * n_in:(r + 1) * n_in] for r in range(n_out)]
+        extra = params[n_out * n_in:]
+        x = list(inputs[:n_in])
+        outs = []
+        for u, kind in enumerate(between):
+            y = linear(x, W)
+            outs += y
+            if u == uses - 1:
+                break
+            if kind == 'tanh':
+                x = [v.tanh() for v in (y * n_in)[:n_in]]
+            elif kind == 'relu':
+                x = [(v + e).relu() for v, e in zip((y * n_in)[:n_in], extra)]
+            elif kind == 'scale':
+                x = [xi * extra[i % len(extra)] for i, xi in enumerate(x)]
+            elif kind == 'mix':
+                x = [xi + (y[i % n_out] * 0.5) for i, xi in enumerate(x)]
+            else:
+                x = [xi - 0.25 for xi in x]
+        loss = sum((o * o for o in outs), Value(0.0, label='zero')) * (1.0 / len(outs))
+        return loss, outs[:3]
+    return build
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recipe=shared_recipes(), data=st.data())
+def test_a_matrix_applied_several_times_matches_the_interpreter(cc, recipe, data):
+    n_in, n_out, uses, between = recipe
+    values = st.floats(-2, 2, allow_nan=False)
+    params = data.draw(st.lists(values, min_size=n_out * n_in + n_in, max_size=n_out * n_in + n_in))
+    samples = data.draw(st.lists(st.lists(values, min_size=n_in, max_size=n_in), min_size=1, max_size=2))
+    for vectorize in (True, False):
+        assert_matches_interpreter(shared_builder(recipe), samples, params, cc, vectorize=vectorize)
+
+
+def test_the_pass_lifts_every_use_of_a_shared_matrix_onto_one_block():
+    recipe = (4, 3, 3, ['tanh', 'tanh', 'none'])      # each x feeds the matrix alone
+    inputs = [Value(0.0) for _ in range(4)]
+    params = [Value(random.Random(i).uniform(-1, 1)) for i in range(3 * 4 + 4)]
+    loss, outs = shared_builder(recipe)(inputs, params)
+    program = compiler.vectorize.vectorize(compiler.trace(loss, inputs, params, outs))
+    mvs = [op for op in program.ops if type(op) is MatVec]
+    assert len(mvs) == 3 and len({op.wt0 for op in mvs}) == 1
+
+
+# -- sequences: per-position losses, the first n positions alone ---------------
+
+V, E, T = 5, 4, 5       # vocabulary, embedding width, positions
+
+
+def tiny_lm(seed=0):
+    """A causal model over T positions: one-hot tokens, a shared embedding
+    and output matrix, attention-like mixing of earlier positions. Returns
+    (build(n) -> (losses of n positions, inputs, logits), params)."""
+    rng = random.Random(seed)
+    params = [Value(rng.gauss(0, 0.5)) for _ in range(V * E + E * E + V * E)]
+    emb = [params[v * E:(v + 1) * E] for v in range(V)]
+    mix = [params[V * E + r * E:V * E + (r + 1) * E] for r in range(E)]
+    out = [params[V * E + E * E + v * E:V * E + E * E + (v + 1) * E] for v in range(V)]
+
+    def build(n, inputs):
+        toks = [inputs[t * V:(t + 1) * V] for t in range(n)]
+        tgts = [inputs[T * V + t * V:T * V + (t + 1) * V] for t in range(n)]
+        hidden, losses, logits = [], [], []
+        for t in range(n):
+            x = [sum(o * emb[v][d] for v, o in enumerate(toks[t])) for d in range(E)]
+            hidden.append([h.tanh() for h in linear(x, mix)])
+            ctx = [sum(h[d] for h in hidden) * (1.0 / (t + 1)) for d in range(E)]
+            lg = linear(ctx, out)
+            logits += lg
+            losses.append(cross_entropy(lg, tgts[t]))
+        return losses, logits
+    return build, params
+
+
+def one_hot_rows(rng, n):
+    row = [0.0] * (2 * T * V)
+    for t in range(n):
+        row[t * V + rng.randrange(V)] = 1.0
+        row[T * V + t * V + rng.randrange(V)] = 1.0
+    return row
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('vectorize', [True, False])
+def test_the_first_n_positions_give_the_interpreters_loss_and_gradients(cc, vectorize):
+    build, params = tiny_lm()
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    m = compiler.compile(losses, inputs, params, logits, cc=cc, vectorize=vectorize)
+    assert m.module.positions == T
+    if vectorize:
+        assert any(type(op) is MatVec for op in m.program.ops)
+    rng = random.Random(3)
+    for n in [T, 1, 3, T, 2]:
+        row = one_hot_rows(rng, n)
+        # the interpreter: the same model (same weights) over n positions, Karpathy's mean
+        b2, _ = tiny_lm()
+        ref_losses, _ = b2(n, [Value(x) for x in row])
+        loss = (1 / n) * sum(ref_losses)
+        loss.backward()
+        m.zero_grad()
+        m.set_input(row)
+        got = m.forward(n)
+        assert same(got, loss.data), (n, got, loss.data)
+        m.backward()
+        assert m.grads().tolist() == [p.grad for p in _params_of(b2)], n
+
+
+def _params_of(build):
+    """The parameter Values a tiny_lm builder closes over, in order."""
+    cells = {name: cell.cell_contents for name, cell in zip(build.__code__.co_freevars, build.__closure__)}
+    return [p for rows in (cells['emb'], cells['mix'], cells['out']) for row in rows for p in row]
+
+
+def test_a_sequence_trains_with_adam_as_the_interpreter_does():
+    build, params = tiny_lm(seed=1)
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    opt = compiler.Adam(0.05, betas=(0.85, 0.99), eps=1e-8)
+    m = compiler.compile(losses, inputs, params, logits, cc=FAST_CC, optimizer=opt)
+    b2, _ = tiny_lm(seed=1)
+    ref = _params_of(b2)
+    p = [v.data for v in ref]
+    state = [0.0, [0.0] * len(p), [0.0] * len(p)]
+    rng = random.Random(5)
+    for step in range(6):
+        n = rng.randint(1, T)
+        row = one_hot_rows(rng, n)
+        m.zero_grad()
+        m.set_input(row)
+        got = m.forward(n)
+        m.backward()
+        lr = 0.05 * (1 - step / 6)
+        m.step(lr)
+        for v, x in zip(ref, p):
+            v.data, v.grad = x, 0.0
+        loss = (1 / n) * sum(b2(n, [Value(x) for x in row])[0])
+        loss.backward()
+        assert same(got, loss.data), step
+        opt.reference_step(p, [v.grad for v in ref], state, lr)
+        assert m.params().tolist() == p, step
+
+
+def test_forward_n_is_checked():
+    build, params = tiny_lm()
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    m = compiler.compile(losses, inputs, params, logits, cc=FAST_CC)
+    for bad in (0, T + 1, -1):
+        with pytest.raises(ValueError, match=f'from 1 to {T}'):
+            m.forward(bad)
+    with pytest.raises(TypeError, match='int'):
+        m.forward(2.5)
+    assert np.isfinite(m.forward())        # all positions by default
+
+
+def test_a_sequence_with_outputs_its_losses_do_not_use_is_refused():
+    x = [Value(0.0) for _ in range(2)]
+    w = Value(0.5)
+    first, second = (x[0] * w) ** 2, (x[1] * w).tanh()
+    aside = (x[0] + x[1]).exp()           # computed for the outputs alone
+    with pytest.raises(compiler.TraceError, match='outputs of a sequence'):
+        compiler.compile([first, second], x, [w], [aside], cc=FAST_CC)
+    with pytest.raises(compiler.TraceError, match='empty'):
+        compiler.compile([], x, [w], cc=FAST_CC)
+
+
+def test_the_pass_keeps_every_position_self_contained():
+    # whatever the pass reorders, the program it returns still runs position
+    # by position (or the pass gives the program back unchanged)
+    build, params = tiny_lm()
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    program = compiler.vectorize.vectorize(compiler.trace(losses, inputs, params, logits))
+    assert 'vectorize' in program.passes and prefixes_hold(program) and program.prefix_sums
