@@ -52,7 +52,10 @@ ${prelude}
 #define POSITIONS ${positions}      /* a sequence's positions (0: not a sequence) */
 #define RECORDED ${recorded}        /* scalar parameter contributions recorded per row */
 #define WORK_PER_ROW ${work_per_row}  /* about this many floating-point operations */
-#define MIN_WORK_PER_THREAD 2000000.0
+#ifndef MICROGRAD_MIN_WORK_PER_THREAD
+#define MICROGRAD_MIN_WORK_PER_THREAD 2000000.0   /* -D...=0 splits any work (the tests) */
+#endif
+#define MIN_WORK_PER_THREAD ((double)MICROGRAD_MIN_WORK_PER_THREAD)
 #define ROW(a, r) ((a) + (ptrdiff_t)(r) * ROW_STRIDE)
 
 /* The values and gradients of a block of rows, and what they share. */
@@ -292,10 +295,10 @@ threads_for(const State *st, Py_ssize_t rows, int training)
 {
     if (training && !RECORDED)
         return 1;
-    double work = (double)rows * (double)WORK_PER_ROW;
-    int T = (int)(work / MIN_WORK_PER_THREAD);
-    if (T > st->threads)
-        T = st->threads;
+    const double work = (double)rows * (double)WORK_PER_ROW;
+    int T = st->threads;
+    if (work < MIN_WORK_PER_THREAD * T)
+        T = (int)(work / MIN_WORK_PER_THREAD);
     return T < 1 ? 1 : T;
 }
 

@@ -1,0 +1,272 @@
+"""Every core, the same bits: train_batch and predict split their rows and
+weight tiles over C threads, and no thread count may change a result.
+
+Most modules here are built with ``-DMICROGRAD_MIN_WORK_PER_THREAD=0``, so
+that even a one-row batch is split over every thread asked for (by default
+a small batch runs on fewer threads than asked, to stay fast)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import compiler
+from compiler.build import default_flags, find_compiler
+from micrograd import cross_entropy
+from micrograd.nn import MLP
+from tests.differential import COMPILERS, FAST_CC, assert_train_batch_matches_interpreter, compile_graph, needs_cc
+
+SPLIT_ANY_WORK = '-DMICROGRAD_MIN_WORK_PER_THREAD=0'
+THREAD_COUNTS = (1, 2, 3, 8)
+
+# (inputs, hidden, classes, rows): layer sizes and batches of 1, 7, 63, 64,
+# 65 and 257 (more than a block of 256 rows): smaller than a register tile,
+# not a multiple of one, and a tile and one more
+SHAPES = [
+    (7, 65, 7, 257),
+    (64, 1, 63, 1),
+    (257, 64, 7, 65),
+    (63, 257, 2, 7),
+    (65, 7, 64, 64),
+    (1, 63, 65, 63),
+]
+
+
+def mlp_builder(sizes):
+    """``MLP(sizes)`` with softmax cross-entropy; the inputs end with a one-hot label."""
+    def build(inputs, params):
+        model = MLP(sizes[0], sizes[1:], seed=0)
+        it = iter(params)
+        for layer in model.layers:
+            for n in layer.neurons:
+                n.w = [next(it) for _ in n.w]
+                n.b = next(it)
+        x = inputs[:sizes[0]]
+        for layer in model.layers:
+            x = layer(x)
+            x = x if isinstance(x, list) else [x]     # a layer of one neuron gives a Value
+        return cross_entropy(x, inputs[sizes[0]:]), x
+    return build
+
+
+def mlp_params(sizes, seed=1):
+    return list(np.random.default_rng(seed).uniform(-0.5, 0.5, sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))))
+
+
+def split_flags(cc):
+    return default_flags(find_compiler(cc)) + [SPLIT_ANY_WORK]
+
+
+def batch(n_in, classes, rows, seed=2):
+    """Sparse inputs (about 60% exact zeros, some -0.0) and one-hot labels."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (rows, n_in)) * (rng.random((rows, n_in)) < 0.4)
+    x[rng.random((rows, n_in)) < 0.05] = -0.0
+    labels = np.eye(classes)[rng.integers(0, classes, rows)]
+    return np.ascontiguousarray(np.hstack([x, labels]))
+
+
+def overflowing(params):
+    """``params`` with weights that overflow: infinite sums, then nan."""
+    params = list(params)
+    for i in range(0, len(params), 7):
+        params[i] = 1e308 if i % 2 else -1e308
+    return params
+
+
+def run(m, params, T, X):
+    """Fresh params, ``T`` threads: a step and predict, then a step and
+    predict from weights that make values and gradients non-finite; every
+    result as bytes."""
+    m.threads = T
+    assert m.threads == T
+    out = []
+    for start in (params, overflowing(params)):
+        m.set_params(start)
+        out += [np.float64(m.train_batch(X, 0.25)).tobytes(), m.params().tobytes(), m.predict(X).tobytes()]
+    return out
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: '-'.join(map(str, s)))
+def test_every_thread_count_gives_the_same_bits(cc, shape):
+    n_in, hidden, classes, rows = shape
+    sizes = [n_in, hidden, classes]
+    params = mlp_params(sizes)
+    m = compile_graph(mlp_builder(sizes), n_in + classes, params, cc, flags=split_flags(cc))
+    # (a layer of one input is no sum to lift: it stays scalar code)
+    assert [type(op).__name__ for op in m.program.ops].count('MatVec') == (n_in > 1) + (hidden > 1)
+    X = batch(n_in, classes, rows)
+    results = {T: run(m, params, T, X) for T in THREAD_COUNTS}
+    assert not np.isfinite(np.frombuffer(results[1][3])[0]), "the second step was to overflow"
+    for T in THREAD_COUNTS[1:]:
+        for what, a, b in zip(('loss', 'params', 'predict') * 2, results[1], results[T]):
+            assert a == b, f"{what} at {T} threads differs from 1 thread"
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_eight_threads_match_the_interpreter(cc):
+    # two blocks and a bit of rows, split over 8 threads; inputs with zeros
+    sizes = [20, 9, 4]
+    X = batch(20, 4, 300)
+    assert_train_batch_matches_interpreter(mlp_builder(sizes), X, mlp_params(sizes), 0.5, cc, steps=2,
+                                           flags=split_flags(cc), threads=8)
+
+
+@needs_cc
+def test_the_split_depends_on_the_work_not_the_results():
+    # the default build runs a small batch on fewer threads: same bits
+    sizes = [30, 16, 5]
+    params = mlp_params(sizes)
+    X = batch(30, 5, 40)
+    default = compile_graph(mlp_builder(sizes), 35, params, FAST_CC)
+    split = compile_graph(mlp_builder(sizes), 35, params, FAST_CC, flags=split_flags(FAST_CC))
+    assert run(default, params, 8, X) == run(split, params, 8, X)
+
+
+# -- the thread count: compile(threads=), $MICROGRAD_THREADS, m.threads ------
+
+def test_threads_default_to_the_cores_this_process_may_use(small, monkeypatch):
+    monkeypatch.delenv('MICROGRAD_THREADS', raising=False)
+    from tests.graphs import compile_small
+    assert compile_small(FAST_CC).threads == len(os.sched_getaffinity(0))
+
+
+@needs_cc
+def test_the_environment_sets_the_default_and_an_argument_wins(monkeypatch):
+    from tests.graphs import compile_small
+    monkeypatch.setenv('MICROGRAD_THREADS', '3')
+    assert compile_small(FAST_CC).threads == 3
+    assert compile_small(FAST_CC, threads=5).threads == 5
+    monkeypatch.setenv('MICROGRAD_THREADS', 'lots')
+    with pytest.raises(ValueError, match="MICROGRAD_THREADS must be a whole number of threads, not 'lots'"):
+        compile_small(FAST_CC)
+    monkeypatch.setenv('MICROGRAD_THREADS', '0')
+    with pytest.raises(ValueError, match='threads must be from 1 to 64, got 0'):
+        compile_small(FAST_CC)
+
+
+@needs_cc
+@pytest.mark.parametrize('n', [1, 2, 7, 64])
+def test_any_positive_count_is_kept_as_given(small, n):
+    old = small.threads
+    try:
+        small.threads = n
+        assert small.threads == n
+    finally:
+        small.threads = old
+
+
+@needs_cc
+@pytest.mark.parametrize('bad, error', [(0, ValueError), (-2, ValueError), (65, ValueError),
+                                        (2.0, TypeError), ('2', TypeError), (None, TypeError)])
+def test_a_bad_count_is_refused_and_changes_nothing(small, bad, error):
+    old = small.threads
+    with pytest.raises(error):
+        small.threads = bad
+    assert small.threads == old
+
+
+# -- several Python threads, each running several C threads -------------------
+
+@needs_cc
+def test_two_models_train_in_two_python_threads_each_on_several_cores():
+    shapes = ([40, 24, 6], [33, 17, 5])
+    models, data, expected = [], [], []
+    for k, sizes in enumerate(shapes):
+        params = mlp_params(sizes, seed=k)
+        m = compile_graph(mlp_builder(sizes), sizes[0] + sizes[-1], params, FAST_CC,
+                          flags=split_flags(FAST_CC), threads=3)
+        X = batch(sizes[0], sizes[-1], 97, seed=k)
+        losses = [m.train_batch(X, 0.1) for _ in range(30)]
+        expected.append((losses, m.params().tobytes()))
+        m.set_params(params)
+        models.append(m)
+        data.append(X)
+    got = [None, None]
+
+    def train(k):
+        got[k] = ([models[k].train_batch(data[k], 0.1) for _ in range(30)], models[k].params().tobytes())
+    workers = [threading.Thread(target=train, args=(k,)) for k in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "deadlock: a training thread did not finish"
+    assert got == expected
+
+
+# -- a thread that cannot be created: one thread does the work -------------------
+
+CANNOT_START_THREADS = textwrap.dedent("""
+    import json, os, resource, sys
+    import numpy as np
+    sys.path[:0] = [{root!r}]
+    from tests.differential import compile_graph
+    from tests.test_cores import batch, mlp_builder, mlp_params, split_flags
+    sizes = [40, 24, 6]
+    params = mlp_params(sizes)
+    X = batch(40, 6, 97)
+    one = compile_graph(mlp_builder(sizes), 46, params, {cc!r}, flags=split_flags({cc!r}), threads=1)
+    eight = compile_graph(mlp_builder(sizes), 46, params, {cc!r}, flags=split_flags({cc!r}), threads=8)
+    expected = [one.train_batch(X, 0.1), one.params().tobytes(), one.predict(X).tobytes()]
+    before = len(os.listdir('/proc/self/task'))
+    if {limit}:
+        # no room left for another thread's stack
+        with open('/proc/self/statm') as f:
+            mapped = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + (4 << 20), resource.RLIM_INFINITY))
+    got = [eight.train_batch(X, 0.1), eight.params().tobytes(), eight.predict(X).tobytes()]
+    print(json.dumps({{'same': got == expected, 'threads': eight.threads,
+                      'new_threads': len(os.listdir('/proc/self/task')) - before}}))
+""")
+
+
+@needs_cc
+@pytest.mark.parametrize('limit', [True, False], ids=['no-room-for-threads', 'control'])
+def test_when_no_thread_can_be_created_one_thread_does_the_work(limit):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
+    script = CANNOT_START_THREADS.format(root=root, cc=FAST_CC, limit=limit)
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report['same'] and report['threads'] == 8
+    # the limit did stop the helpers (else this test would test nothing)
+    assert (report['new_threads'] == 0) if limit else (report['new_threads'] == 7)
+
+
+# -- every set of loop kernels, the same bits -------------------------------------
+
+KERNELS_RUN = textwrap.dedent("""
+    import hashlib, json, sys
+    sys.path[:0] = [{root!r}]
+    from tests.differential import compile_graph
+    from tests.test_cores import batch, mlp_builder, mlp_params, run
+    sizes = [70, 33, 9]
+    params = mlp_params(sizes)
+    m = compile_graph(mlp_builder(sizes), 79, params, {cc!r}, threads=2)
+    out = run(m, params, 2, batch(70, 9, 45))
+    print(json.dumps({{'isa': m.module.kernels, 'sha': hashlib.sha256(b''.join(out)).hexdigest()}}))
+""")
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', [cc for cc in COMPILERS if cc != 'tcc'])
+def test_every_instruction_set_gives_the_same_bits(cc):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    reports = {}
+    for want in ('base', 'avx2', 'avx512'):
+        env = dict(os.environ, MICROGRAD_KERNELS=want)
+        done = subprocess.run([sys.executable, '-c', KERNELS_RUN.format(root=root, cc=cc)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        reports[want] = json.loads(done.stdout.splitlines()[-1])
+    assert reports['base']['isa'] == 'base'
+    assert len({r['sha'] for r in reports.values()}) == 1, reports
