@@ -34,10 +34,7 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -46,6 +43,9 @@ import numpy as np
 import compiler
 import compiler.weights
 import mnist_data
+from compiler.cli import (EXIT_ERROR, OutputPathError, ProgressBar, ProgressLines,
+                          check_can_create_files, check_output_path, compile_line, exit_status,
+                          number, run_cli, same_file, stop_on_signals)
 from compiler.export import SO_NAME
 from compiler.files import atomic_write, cache_root
 from compiler.model import MAX_THREADS, resolve_threads
@@ -60,9 +60,6 @@ PREDICT_CHUNK = 2_000   # rows per predict call: bounds the float64 copy of the 
 # Without NaN or inf, only the accuracy shows it (--lr 50 on the embedded
 # digits ends at exactly 0.1000 with a finite loss).
 COLLAPSED_ACCURACY = 1.5 / N_CLASSES
-EXIT_ERROR = 1
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ('SIGINT', 'SIGTERM', 'SIGHUP')
-                     if hasattr(signal, name))
 NO_HIDDEN = 'none'      # --hidden none: a 784-10 network, softmax regression
 # --optimizer NAME: what it is called in messages, its default --lr, and what
 # it compiles into the module (None: train_batch's own plain SGD step,
@@ -81,11 +78,6 @@ EXPORT_FILES = ('nn.c', SO_NAME, 'nn.json')     # what CompiledModel.export writ
 def default_download_dir():
     """Where ``--download`` keeps MNIST: beside the compiler's build cache."""
     return os.path.join(cache_root(), 'mnist')
-
-
-def exit_status(signum):
-    """The conventional status of a program stopped by signal ``signum``: 128 + its number."""
-    return 128 + signum
 
 
 # ---- command line -----------------------------------------------------------
@@ -107,20 +99,6 @@ def hidden_sizes(text):
 def hidden_option(sizes):
     """The ``--hidden`` value that builds ``sizes`` hidden layers."""
     return ','.join(map(str, sizes)) if sizes else NO_HIDDEN
-
-
-def _number(kind, minimum, inclusive=True, maximum=None):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (value >= minimum if inclusive else value > minimum) or not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum}, got {text}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {text}")
-        return value
-    return parse
 
 
 def parse_args(argv):
@@ -146,25 +124,25 @@ def parse_args(argv):
     parser.add_argument('--hidden', metavar='N,N', type=hidden_sizes, default=[50],
                         help=f'hidden layer sizes, e.g. 50 (the default) or 128,64; '
                              f'{NO_HIDDEN} for no hidden layer (a 784-10 network)')
-    parser.add_argument('--epochs', metavar='N', type=_number(int, 0), default=10,
+    parser.add_argument('--epochs', metavar='N', type=number(int, 0), default=10,
                         help='passes over the training set; 0 only evaluates (default: %(default)s)')
-    parser.add_argument('--batch-size', metavar='N', type=_number(int, 1), default=32,
+    parser.add_argument('--batch-size', metavar='N', type=number(int, 1), default=32,
                         help='images per training step (default: %(default)s)')
     parser.add_argument('--optimizer', choices=OPTIMIZERS, default='sgd',
                         help=f'sgd: plain SGD (the default); momentum: SGD with momentum {MOMENTUM}; '
                              f'adam: Adam (betas 0.9, 0.999), compiled into the module with its '
                              f'state, which --save keeps and --load restores')
-    parser.add_argument('--lr', metavar='LR', type=_number(float, 0, inclusive=False),
+    parser.add_argument('--lr', metavar='LR', type=number(float, 0, inclusive=False),
                         help='learning rate, applied to the mean gradient of a batch (default: '
                              + ', '.join(f'{lr:g} for {name}' for name, (_, lr, _) in OPTIMIZERS.items())
                              + ')')
     parser.add_argument('--seed', metavar='S', type=int, default=0,
                         help='seeds the initial weights and the per-epoch shuffle (default: %(default)s)')
-    parser.add_argument('--limit', metavar='N', type=_number(int, 1),
+    parser.add_argument('--limit', metavar='N', type=number(int, 1),
                         help='train on the first N training images only')
     parser.add_argument('--cc', metavar='CC', help="C compiler: tcc, clang, gcc or a path "
                                                    "(default: $CC, else the best one installed)")
-    parser.add_argument('--threads', metavar='N', type=_number(int, 1, maximum=MAX_THREADS),
+    parser.add_argument('--threads', metavar='N', type=number(int, 1, maximum=MAX_THREADS),
                         help='threads that train and predict, the same results for any number '
                              '(default: $MICROGRAD_THREADS, else every core this process may use)')
     parser.add_argument('--load', metavar='PATH',
@@ -196,10 +174,6 @@ def parse_args(argv):
 OUTPUT_OPTIONS = ('save', 'metrics', 'plot')     # files; --export is a folder
 
 
-class OutputPathError(ValueError):
-    """An output path that could not be written: found before any work."""
-
-
 def backup_path(path):
     """Where ``--save`` keeps the previous contents of the ``--load`` file."""
     return os.path.realpath(path) + '.bak'
@@ -211,38 +185,6 @@ def keep_backup(path):
     with open(os.path.realpath(path), 'rb') as source, atomic_write(backup) as f:
         shutil.copyfileobj(source, f)
     return backup
-
-
-def same_file(a, b):
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-def check_can_create_files(named, folder):
-    """Raise ``OutputPathError`` unless a file can be created in ``folder``."""
-    # Asking os.access would be wrong for root, read-only mounts and ACLs:
-    # create (and remove) a file the way atomic_write will.
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix='.probe.', suffix='.tmp')
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise OutputPathError(f"{named}: cannot write in {folder} ({e.strerror})") from None
-
-
-def check_output_path(option, path):
-    """Raise ``OutputPathError`` (one line) unless a file can be written at ``path``."""
-    target = os.path.realpath(path)
-    named = f"--{option} {path}"
-    if os.path.isdir(target) or path.endswith(os.sep):
-        raise OutputPathError(f"{named} is a folder; give a file name in it, e.g. "
-                              f"{os.path.join(path, 'weights.npz' if option == 'save' else option)}")
-    if os.path.lexists(target) and not os.path.isfile(target):
-        raise OutputPathError(f"{named} exists and is not a regular file")
-    folder = os.path.dirname(target)
-    if not os.path.isdir(folder):
-        problem = 'is not a folder' if os.path.exists(folder) else 'does not exist'
-        raise OutputPathError(f"{named}: {folder} {problem}")
-    check_can_create_files(named, folder)
 
 
 def check_export_folder(path):
@@ -282,7 +224,7 @@ def check_outputs(args):
         path = getattr(args, option)
         if not path:
             continue
-        check_output_path(option, path)
+        check_output_path(option, path, 'weights.npz' if option == 'save' else option)
         target = os.path.realpath(path)
         other = seen.get(target)
         if other == 'load' and option == 'save':
@@ -480,77 +422,6 @@ def load_saved(model, path, saved, optimizer):
 
 # ---- training ---------------------------------------------------------------
 
-def duration(seconds):
-    """``75`` -> ``'1:15'``, ``3725`` -> ``'1:02:05'``."""
-    minutes, seconds = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02}:{seconds:02}" if hours else f"{minutes}:{seconds:02}"
-
-
-def progress_text(done, total, elapsed, loss):
-    """``done/total``, images per second, elapsed time, the ETA (at the rate so far), running loss."""
-    rate = done / max(elapsed, 1e-9)
-    return (f"{done:,}/{total:,}  {rate:,.0f} img/s  {duration(elapsed)} elapsed  "
-            f"ETA {duration((total - done) / rate) if rate else '?'}  loss {loss:.4f}")
-
-
-class ProgressBar:
-    """One line on a terminal, redrawn with ``\\r``: share done, images/s, elapsed, ETA, running loss."""
-    WIDTH = 24
-    EVERY = 0.1     # seconds between redraws: more would cost time for nothing
-
-    def __init__(self, stream, label, total, clock=time.perf_counter):
-        self.stream, self.label, self.total, self.clock = stream, label, total, clock
-        self.start = self.drawn_at = clock()
-        self.line_length = 0
-
-    def update(self, done, loss, force=False):
-        now = self.clock()
-        if not force and now - self.drawn_at < self.EVERY:
-            return
-        self.drawn_at = now
-        filled = self.WIDTH * done // self.total
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
-                f"{progress_text(done, self.total, now - self.start, loss)}")
-        self.stream.write('\r' + line.ljust(self.line_length))
-        self.stream.flush()
-        self.line_length = len(line)
-
-    def close(self):
-        """Erase the bar so that the epoch line takes its place."""
-        self.stream.write('\r' + ' ' * self.line_length + '\r')
-        self.stream.flush()
-
-
-class ProgressLines:
-    """Off a terminal (a log file, a pipe): one plain line each time another
-    ``PERCENT`` of the epoch is done, where a redrawn bar would be noise.
-    None at 100% (the epoch line follows), and none for an epoch that will
-    take less than ``MIN_EPOCH_SECONDS`` at the rate so far: its epoch line
-    comes soon enough, and ten fast epochs would log thirty lines."""
-    PERCENT = 25
-    MIN_EPOCH_SECONDS = 2.0
-
-    def __init__(self, stream, label, total, clock=time.perf_counter):
-        self.stream, self.label, self.total, self.clock = stream, label, total, clock
-        self.start = clock()
-        self.next = self.PERCENT
-
-    def update(self, done, loss, force=False):
-        percent = 100 * done // self.total
-        if percent < self.next or percent >= 100:
-            return
-        self.next = (percent // self.PERCENT + 1) * self.PERCENT
-        elapsed = self.clock() - self.start
-        if elapsed * self.total / done < self.MIN_EPOCH_SECONDS:
-            return
-        self.stream.write(f"{self.label} {percent:3}%  {progress_text(done, self.total, elapsed, loss)}\n")
-        self.stream.flush()
-
-    def close(self):
-        pass
-
-
 @dataclass
 class Epoch:
     epoch: int
@@ -570,60 +441,6 @@ class Training:
     message: str = ''                   # what happened, for interrupted or diverged runs
     divergence: dict = None             # epoch, batch and reason, when diverged
     signal: str = None                  # 'SIGINT', 'SIGTERM' or 'SIGHUP', when interrupted
-
-
-class Aborted(KeyboardInterrupt):
-    """A second stop signal: quit now, without saving (``signum`` gives the exit status)."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class StopRequest:
-    """Set by the first SIGINT, SIGTERM or SIGHUP received."""
-
-    def __init__(self):
-        self.signum = None
-
-    def is_set(self):
-        return self.signum is not None
-
-    @property
-    def name(self):
-        return signal.Signals(self.signum).name
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """The first SIGINT (Ctrl-C), SIGTERM or SIGHUP sets the yielded
-    ``StopRequest`` (training stops after the batch); a second one raises
-    ``Aborted``.
-
-    The handler only sets a flag: ``train_batch`` runs in C without the GIL, so
-    Python sees the signal when the batch returns, never halfway through it.
-    A signal this process was started ignoring (``nohup`` ignores SIGHUP)
-    stays ignored.
-    """
-    stop = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop          # signal handlers can only be set from the main thread
-        return
-
-    def handler(signum, frame):
-        if stop.is_set():
-            raise Aborted(signum)
-        stop.signum = signum
-
-    previous = {}
-    for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, handler)
-    try:
-        yield stop
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, signal.SIG_DFL if old is None else old)
 
 
 def train(model, data, epochs, batch_size, lr, seed=0, progress=None, on_epoch=None, on_batch=None,
@@ -735,18 +552,6 @@ def batch_line(epoch, epochs, batch, n_batches, loss):
     return f"epoch {epoch}/{epochs}  batch {batch:{len(str(n_batches))}}/{n_batches}  loss {loss:.4f}"
 
 
-def compile_line(model):
-    """Total and per-stage seconds, in the compiler's own stage order, the
-    toolchain, and the threads that will train."""
-    build = model.build
-    stages = ', '.join(f'{stage} {seconds:.2f} s' for stage, seconds in model.timings.items())
-    cached = ', cached build' if build.cached else ''
-    threads = model.threads
-    return (f"compiled in {sum(model.timings.values()):.2f} s ({stages}{cached}) "
-            f"with {build.toolchain.version} [{' '.join(build.flags)}]; "
-            f"{threads} thread{'s' * (threads != 1)}")
-
-
 def metrics(args, dataset, data, model, sizes, result):
     n_train = len(data['train'][0])
     return {
@@ -832,12 +637,7 @@ def plot_curves(path, history, title, batch_losses=(), batches_per_epoch=1):
 # ---- main -------------------------------------------------------------------
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except KeyboardInterrupt as e:   # before or after training, or a second stop signal during it
-        print("\naborted", file=sys.stderr)
-        return exit_status(getattr(e, 'signum', signal.SIGINT))
+    return run_cli(parse_args, run, argv)
 
 
 def run(args):

@@ -19,6 +19,7 @@ import pytest
 
 import mnist_data
 import mnist_train
+from compiler import cli
 
 SCRIPT = Path(mnist_train.__file__)
 TCC = ['--cc', 'tcc']
@@ -246,7 +247,7 @@ def test_missing_data_folder_fails_clearly(tmp_path):
 
 def test_progress_bar_redraws_one_line():
     stream = io.StringIO()
-    bar = mnist_train.ProgressBar(stream, 'epoch 1/3', total=1000)
+    bar = cli.ProgressBar(stream, 'epoch 1/3', total=1000)
     bar.update(500, 0.5, force=True)
     assert stream.getvalue().startswith('\repoch 1/3 [############............] 500/1,000')
     assert re.search(r'img/s  0:00 elapsed  ETA 0:00  loss 0\.5000', stream.getvalue())

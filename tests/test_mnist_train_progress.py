@@ -11,6 +11,7 @@ import pytest
 
 import mnist_data
 import mnist_train
+from compiler import cli
 from tests.test_mnist_train import HAVE_MATPLOTLIB, SHORT_RUN, TCC, run_main
 
 
@@ -24,12 +25,12 @@ class FakeClock:
 
 @pytest.mark.parametrize('seconds, text', [(0, '0:00'), (59.9, '0:59'), (75, '1:15'), (3725, '1:02:05')])
 def test_duration(seconds, text):
-    assert mnist_train.duration(seconds) == text
+    assert cli.duration(seconds) == text
 
 
 def test_progress_bar_shows_rate_elapsed_and_eta():
     stream, clock = io.StringIO(), FakeClock()
-    bar = mnist_train.ProgressBar(stream, 'epoch 2/5', total=60_000, clock=clock)
+    bar = cli.ProgressBar(stream, 'epoch 2/5', total=60_000, clock=clock)
     clock.now += 30     # 15,000 images in 30 s: 500 img/s, 45,000 to go: 90 s
     bar.update(15_000, 0.4321)
     assert stream.getvalue() == ('\repoch 2/5 [######..................] 15,000/60,000  500 img/s  '
@@ -38,7 +39,7 @@ def test_progress_bar_shows_rate_elapsed_and_eta():
 
 def test_progress_lines_every_quarter_of_a_long_epoch():
     stream, clock = io.StringIO(), FakeClock()
-    lines = mnist_train.ProgressLines(stream, 'epoch 1/2', total=1000, clock=clock)
+    lines = cli.ProgressLines(stream, 'epoch 1/2', total=1000, clock=clock)
     for done in range(100, 1001, 100):
         clock.now += 1.0    # 100 images a second: a 10 s epoch
         lines.update(done, 2.0 - done / 1000)
@@ -51,7 +52,7 @@ def test_progress_lines_every_quarter_of_a_long_epoch():
 
 def test_progress_lines_skip_a_quick_epoch():
     stream, clock = io.StringIO(), FakeClock()
-    lines = mnist_train.ProgressLines(stream, 'epoch 1/2', total=1000, clock=clock)
+    lines = cli.ProgressLines(stream, 'epoch 1/2', total=1000, clock=clock)
     for done in range(100, 1001, 100):
         clock.now += 0.1    # a 1 s epoch: its epoch line comes soon enough
         lines.update(done, 1.0)
@@ -59,7 +60,7 @@ def test_progress_lines_skip_a_quick_epoch():
 
 
 def test_off_a_terminal_the_run_prints_progress_lines_not_a_bar(monkeypatch):
-    monkeypatch.setattr(mnist_train.ProgressLines, 'MIN_EPOCH_SECONDS', 0)    # epochs here are quick
+    monkeypatch.setattr(cli.ProgressLines, "MIN_SECONDS", 0)    # epochs here are quick
     status, out, err = run_main([*TCC, '--limit', '1000', '--epochs', '2'])
     assert status == 0, err
     assert '\r' not in err

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import mnist_train
+from compiler import cli
 from tests.test_mnist_train import SCRIPT, TCC
 
 ENDLESS_RUN = [*TCC, '--limit', '500', '--epochs', '100000']
@@ -20,7 +21,7 @@ def start(argv, ignored=()):
     action (a shell's background job would inherit SIGINT ignored), except
     ``ignored`` ones, as ``nohup`` does for SIGHUP."""
     def dispositions():
-        for signum in mnist_train.STOP_SIGNALS:
+        for signum in cli.STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN if signum in ignored else signal.SIG_DFL)
     return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, argv)], cwd=SCRIPT.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -77,20 +78,20 @@ def test_sighup_ignored_at_start_stays_ignored(tmp_path):
 
 
 def test_the_first_signal_asks_to_stop_a_second_aborts_and_handlers_are_restored():
-    before = {signum: signal.getsignal(signum) for signum in mnist_train.STOP_SIGNALS}
-    with mnist_train.stop_on_signals() as stop:
+    before = {signum: signal.getsignal(signum) for signum in cli.STOP_SIGNALS}
+    with cli.stop_on_signals() as stop:
         assert not stop.is_set()
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.is_set() and stop.name == 'SIGTERM'
-        with pytest.raises(mnist_train.Aborted) as aborted:
+        with pytest.raises(cli.Aborted) as aborted:
             os.kill(os.getpid(), signal.SIGHUP)
         assert aborted.value.signum == signal.SIGHUP
-    assert {signum: signal.getsignal(signum) for signum in mnist_train.STOP_SIGNALS} == before
+    assert {signum: signal.getsignal(signum) for signum in cli.STOP_SIGNALS} == before
 
 
 def test_an_abort_exits_with_its_signals_status(monkeypatch, capsys):
     def aborted(args):
-        raise mnist_train.Aborted(signal.SIGTERM)
+        raise cli.Aborted(signal.SIGTERM)
     monkeypatch.setattr(mnist_train, 'run', aborted)
     assert mnist_train.main([]) == 143
     assert capsys.readouterr().err == '\naborted\n'
