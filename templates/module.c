@@ -521,6 +521,80 @@ params_from_user(const double *restrict user, double *restrict internal)
 
 /* ---- the optimizer's step --------------------------------------------------------------- */
 
+#if OPT_KIND == OPT_ADAM || OPT_KIND == OPT_ADAMW
+/* Adam: g += wd * p (Adam only); AdamW: p -= lr * wd * p first. Then
+ * m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;  mhat = m / (1 - b1^t);
+ * vhat = v / (1 - b2^t);  p -= lr mhat / (sqrt(vhat) + eps). ADAM_STEP is
+ * one parameter's step on any type with the arithmetic operators: a double,
+ * or a vector of them (each lane rounds as the double would: the same bits),
+ * SQRT its square root. */
+#define ADAM_STEP(T, SQRT, P, G, M, S)                                                     \
+    do {                                                                                   \
+        T g_ = (G) / divisor, p_ = (P);                                                    \
+        if (OPT_KIND == OPT_ADAMW && OPT_WEIGHT_DECAY != 0)                                \
+            p_ = p_ - lr * OPT_WEIGHT_DECAY * p_;                                          \
+        if (OPT_KIND == OPT_ADAM && OPT_WEIGHT_DECAY != 0)                                 \
+            g_ = g_ + OPT_WEIGHT_DECAY * p_;                                               \
+        const T m_ = OPT_BETA1 * (M) + (1.0 - OPT_BETA1) * g_;                             \
+        const T s_ = OPT_BETA2 * (S) + (1.0 - OPT_BETA2) * g_ * g_;                        \
+        const T mhat_ = m_ / c1, vhat_ = s_ / c2;                                          \
+        (M) = m_;                                                                          \
+        (S) = s_;                                                                          \
+        (P) = p_ - lr * mhat_ / (SQRT(vhat_) + OPT_EPS);                                   \
+    } while (0)
+
+static void
+adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s,
+            double lr, double divisor, double c1, double c2, int j0)
+{
+    for (int j = j0; j < N_PARAM_SPAN; j++)
+        ADAM_STEP(double, sqrt, p[j], gp[j], m[j], s[j]);
+}
+
+/* The same steps a vector of parameters at a time (the scalar loop cannot
+ * be vectorised by the compiler: sqrt may set errno); returns how many were
+ * done. One function per instruction set, chosen at run time. */
+#if defined(__x86_64__) && !defined(__TINYC__) && (defined(__GNUC__) || defined(__clang__))
+#define ADAM_VECTORS 1
+#define ADAM_VECTOR_LOOP(NAME, TARGET, W, SQRT_INTRINSIC, VTYPE)                            \
+    typedef double NAME##_v __attribute__((vector_size(W * 8), aligned(8)));               \
+    __attribute__((target(TARGET))) static NAME##_v                                        \
+    NAME##_sqrt(NAME##_v x) { return (NAME##_v)SQRT_INTRINSIC((VTYPE)x); }                  \
+    __attribute__((target(TARGET))) static int                                             \
+    NAME(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s, \
+         double lr, double divisor, double c1, double c2)                                  \
+    {                                                                                      \
+        int j = 0;                                                                         \
+        for (; j + W <= N_PARAM_SPAN; j += W)                                              \
+            ADAM_STEP(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j), *(const NAME##_v *)(gp + j), \
+                      *(NAME##_v *)(m + j), *(NAME##_v *)(s + j));                         \
+        return j;                                                                          \
+    }
+ADAM_VECTOR_LOOP(adam_sse2, "sse2", 2, _mm_sqrt_pd, __m128d)
+ADAM_VECTOR_LOOP(adam_avx, "avx", 4, _mm256_sqrt_pd, __m256d)
+ADAM_VECTOR_LOOP(adam_avx512, "avx512f", 8, _mm512_sqrt_pd, __m512d)
+
+/* 2: AVX-512, 1: AVX, 0: SSE2; $$MICROGRAD_KERNELS=base|avx2 asks for less, as for the MatVec loops */
+static int
+adam_isa(void)
+{
+    static int isa = -1;
+    if (isa < 0) {
+        const char *want = getenv("MICROGRAD_KERNELS");
+        __builtin_cpu_init();
+        isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") ? 1 : 0;
+        if (want && strcmp(want, "base") == 0)
+            isa = 0;
+        else if (want && strcmp(want, "avx2") == 0 && isa > 1)
+            isa = 1;
+    }
+    return isa;
+}
+#else
+#define ADAM_VECTORS 0
+#endif
+#endif
+
 /* One step on the gradients gp / divisor, each formula as PyTorch documents
  * it and in that order of operations (torch.optim.SGD, Adam, AdamW). */
 static void
@@ -549,24 +623,19 @@ optimizer_step(State *st, double lr, double divisor)
     }
     st->state[0] += 1.0;
 #else
-    /* Adam: g += wd * p (Adam only); AdamW: p -= lr * wd * p first. Then
-     * m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;  mhat = m / (1 - b1^t);
-     * vhat = v / (1 - b2^t);  p -= lr mhat / (sqrt(vhat) + eps) */
     double *restrict m = st->state + 1, *restrict s = st->state + 1 + N_PARAM_SPAN;
     const double t = st->state[0] + 1.0;
     st->state[0] = t;
     const double c1 = 1.0 - pow(OPT_BETA1, t), c2 = 1.0 - pow(OPT_BETA2, t);
-    for (int j = 0; j < N_PARAM_SPAN; j++) {
-        double g = gp[j] / divisor;
-        if (OPT_KIND == OPT_ADAMW && OPT_WEIGHT_DECAY != 0)
-            p[j] = p[j] - lr * OPT_WEIGHT_DECAY * p[j];
-        if (OPT_KIND == OPT_ADAM && OPT_WEIGHT_DECAY != 0)
-            g = g + OPT_WEIGHT_DECAY * p[j];
-        m[j] = OPT_BETA1 * m[j] + (1.0 - OPT_BETA1) * g;
-        s[j] = OPT_BETA2 * s[j] + (1.0 - OPT_BETA2) * g * g;
-        const double mhat = m[j] / c1, vhat = s[j] / c2;
-        p[j] = p[j] - lr * mhat / (sqrt(vhat) + OPT_EPS);
+    int j = 0;
+#if ADAM_VECTORS
+    switch (adam_isa()) {
+    case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2); break;
+    case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2); break;
+    default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2);
     }
+#endif
+    adam_scalar(p, gp, m, s, lr, divisor, c1, c2, j);
 #endif
     refresh_aux(st->p, st->aux);
 }

@@ -251,8 +251,13 @@ KERNELS_RUN = textwrap.dedent("""
     from tests.test_cores import batch, mlp_builder, mlp_params, run
     sizes = [70, 33, 9]
     params = mlp_params(sizes)
+    import compiler
     m = compile_graph(mlp_builder(sizes), 79, params, {cc!r}, threads=2)
     out = run(m, params, 2, batch(70, 9, 45))
+    # and the optimizer's vector loops (AdamW: every line of the step)
+    adam = compile_graph(mlp_builder(sizes), 79, params, {cc!r}, threads=2,
+                         optimizer=compiler.AdamW(0.01, weight_decay=0.1))
+    out += run(adam, params, 2, batch(70, 9, 45)) + [adam.optimizer_state().tobytes()]
     print(json.dumps({{'isa': m.module.kernels, 'sha': hashlib.sha256(b''.join(out)).hexdigest()}}))
 """)
 
