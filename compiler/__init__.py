@@ -82,18 +82,25 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         source = emit_module(program, optimizer=optimizer)
         t2 = time.perf_counter()
         timings['codegen'] = t2 - t1
-    from compiler.build import (check_flags, check_opt, choose_build, compile_estimate, discard_entry,
+    from compiler.build import (check_flags, check_opt, choose_build, discard_entry,
                                 program_hash)
     check_opt(opt)          # 'O2' or '-Ofast' is refused even when flags= makes it unused
-    toolchain, level = choose_build(cc, opt, source.statements, len(source.parts))
-    flags = check_flags(flags) if flags is not None else default_flags(toolchain, level, native)
-    expected = compile_estimate(toolchain.family, level, source.statements, len(source.parts))
+    choice = choose_build(cc, opt, source.statements, len(source.parts))
+    toolchain = choice.toolchain
+    straight_flags = None
+    if flags is not None:
+        flags = check_flags(flags)
+    else:
+        flags = default_flags(toolchain, choice.opt, native)
+        if choice.straight_opt:
+            straight_flags = default_flags(toolchain, choice.straight_opt, native)
+    expected = choice.estimate(source.statements, len(source.parts))
     if progress and expected > 2.0:
         progress(f"compiling {source.statements:,} statements in {len(source.parts)} parts with "
                  f"{toolchain.family} {' '.join(flags[:1])}: about {expected:.0f} s")
     else:
         progress = None
-    build = build_extension(source, toolchain, flags, timeout, include_dir, progress)
+    build = build_extension(source, toolchain, flags, timeout, include_dir, progress, straight_flags)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2
     # The module must be the program just compiled: a cache entry replaced by
@@ -115,7 +122,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
             raise BuildError(f"the shared object {build.path} cannot be used: {problem}",
                              cmd=build.cmd)
         discard_entry(build.path)
-        build = build_extension(source, toolchain, flags, timeout, include_dir)
+        build = build_extension(source, toolchain, flags, timeout, include_dir, None, straight_flags)
     timings['load'] = time.perf_counter() - t3
     model = CompiledModel(module, program, build, timings, source, optimizer=optimizer, params=params,
                           input_labels=[v.label for v in inputs], param_labels=[v.label for v in params],

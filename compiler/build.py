@@ -329,14 +329,18 @@ def default_flags(toolchain, opt=None, native=False):
 # compiler and level (measured on microgpt's and MNIST's programs: clang 14,
 # gcc 12, tcc 0.9.27, 2-core AMD EPYC). clang and gcc are far slower per
 # statement than tcc, and more so the more they optimise.
-COMPILE_SECONDS = {('clang', '-O2'): 3.4e-4, ('clang', '-O1'): 1.8e-4, ('clang', '-O0'): 2.5e-5,
+COMPILE_SECONDS = {('clang', '-O2'): 3.4e-4, ('clang', '-O1'): 2.4e-4, ('clang', '-O0'): 3.5e-5,
                    ('gcc', '-O3'): 4.0e-4, ('gcc', '-O1'): 3.4e-4, ('gcc', '-O0'): 1.2e-4,
                    ('tcc', None): 3e-6}
 # What a build with default arguments may spend compiling straight-line code.
 COMPILE_BUDGET = 4.0
-# Default builds, fastest code first: (compiler, level).
-DEFAULT_BUILDS = (('clang', '-O2'), ('gcc', '-O3'), ('clang', '-O1'), ('gcc', '-O1'), ('tcc', None),
-                  ('clang', '-O0'), ('gcc', '-O0'))
+# Default builds, fastest code first: (compiler, level, level of the
+# straight-line parts; None: the same). The loop kernels and the module's
+# own code are a fixed couple of thousand lines, always worth optimising;
+# straight-line code gains less from -O1 than it costs (microgpt: 0.074 ms
+# a step at -O1, 0.090 at -O0, for 5.6 s of compiling against 2.5 s).
+DEFAULT_BUILDS = (('clang', '-O2', None), ('gcc', '-O3', None), ('clang', '-O1', None), ('gcc', '-O1', None),
+                  ('clang', '-O1', '-O0'), ('gcc', '-O1', '-O0'), ('tcc', None, None))
 
 
 def _cores():
@@ -350,22 +354,37 @@ def compile_estimate(family, opt, statements, parts=1):
     return statements * cost / max(1, min(parts, _cores()))
 
 
+@dataclass(frozen=True)
+class Choice:
+    """What ``choose_build`` chose: the compiler, its level (None: the
+    compiler's default), and the level of the straight-line parts."""
+    toolchain: 'Toolchain'
+    opt: str = None
+    straight_opt: str = None
+
+    def estimate(self, statements, parts):
+        return compile_estimate(self.toolchain.family, self.straight_opt or self.opt, statements, parts)
+
+
 def choose_build(cc=None, opt=None, statements=0, parts=1):
-    """``(toolchain, opt)`` for a build: what was asked for, else chosen by
-    the program's size. The fastest code whose compile fits in
-    ``COMPILE_BUDGET`` seconds: clang -O2 or gcc -O3 for the programs the
-    vectorizing pass makes small, -O1 for larger ones, tcc (or -O0) for
-    straight-line programs of hundreds of thousands of statements, which
-    the optimising compilers take minutes over and barely speed up."""
+    """A ``Choice``: what was asked for, else chosen by the program's size.
+    The fastest code whose compile fits in ``COMPILE_BUDGET`` seconds (see
+    ``DEFAULT_BUILDS``): clang -O2 or gcc -O3 for the programs the
+    vectorizing pass makes small, -O1 for larger ones, then -O1 with the
+    straight-line parts at -O0, and tcc for straight-line programs of
+    hundreds of thousands of statements, which the optimising compilers take
+    minutes over and barely speed up. An ``opt`` given is used for every
+    part."""
+    def fits(family, level, straight):
+        return compile_estimate(family, straight or level, statements, parts) <= COMPILE_BUDGET
+
     if cc is not None or os.environ.get('CC', '').strip():
         toolchain = find_compiler(cc)
         if opt is not None or toolchain.family == 'tcc':
-            return toolchain, opt
-        levels = [level for family, level in DEFAULT_BUILDS if family == toolchain.family]
-        for level in levels:
-            if compile_estimate(toolchain.family, level, statements, parts) <= COMPILE_BUDGET:
-                return toolchain, level
-        return toolchain, levels[-1]
+            return Choice(toolchain, opt)
+        builds = [b for b in DEFAULT_BUILDS if b[0] == toolchain.family]
+        family, level, straight = next((b for b in builds if fits(*b)), builds[-1])
+        return Choice(toolchain, level, straight)
     found = {}
     for family in ('clang', 'gcc', 'tcc'):
         try:
@@ -373,13 +392,12 @@ def choose_build(cc=None, opt=None, statements=0, parts=1):
         except CompilerNotFound:
             pass
     if not found:
-        return find_compiler(None), opt        # cc, or a clear error
-    fitting = [(f, level) for f, level in DEFAULT_BUILDS if f in found and
-               compile_estimate(f, level, statements, parts) <= COMPILE_BUDGET]
-    family, level = fitting[0] if fitting else min(
-        ((f, level) for f, level in DEFAULT_BUILDS if f in found),
-        key=lambda b: compile_estimate(b[0], b[1], statements, parts))
-    return found[family], opt if opt is not None else level
+        return Choice(find_compiler(None), opt)        # cc, or a clear error
+    builds = [b for b in DEFAULT_BUILDS if b[0] in found]
+    family, level, straight = next((b for b in builds if fits(*b)), builds[-1])
+    if opt is not None:
+        level, straight = opt, None
+    return Choice(found[family], level, straight)
 
 
 def _are_default_flags(toolchain, flags):
@@ -831,9 +849,16 @@ class Build:
     temporary: bool    # the caller removes ``path`` once it is loaded
     toolchain: Toolchain
     flags: list
+    straight_flags: list = None     # the straight-line parts' flags, when not ``flags``
+
+    def flags_text(self):
+        """The flags, and the straight-line parts' level where it differs."""
+        text = ' '.join(self.flags)
+        return text + (f' (straight-line parts {self.straight_flags[0]})' if self.straight_flags else '')
 
 
-def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_dir=None, progress=None):
+def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_dir=None, progress=None,
+                    straight_flags=None):
     """Compile ``source`` into a shared object, or reuse the cached one.
 
     On failure the C source is kept (its path is in the exception) and no
@@ -842,13 +867,16 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_d
     (``compiler.codegen.Source``: its translation units) is built part by
     part, the parts in parallel, each part's object cached on its own (the
     loop kernels' part is the same for every program), then linked;
-    ``progress(message)`` hears as each part is done.
+    ``progress(message)`` hears as each part is done. ``straight_flags``
+    replace ``flags`` for the straight-line parts (``source.straight``).
     """
     flags = check_flags(flags)
+    straight_flags = check_flags(straight_flags) if straight_flags and source.parts else None
     timeout = check_timeout(timeout)
     default = _are_default_flags(toolchain, flags)
-    key = build_key(source, toolchain, flags, include_dir)
-    args = (source, toolchain, flags, timeout, include_dir, default, progress)
+    key = build_key(source, toolchain, flags + (['--straight', *straight_flags] if straight_flags else []),
+                    include_dir)
+    args = (source, toolchain, flags, straight_flags, timeout, include_dir, default, progress)
     cap = None if cache_disabled() else cache_max()    # a bad $MICROGRAD_CACHE_MAX is an error
     try:
         root = cache_dir()
@@ -861,23 +889,24 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_d
     return _build_in_temporary_folder(*args)
 
 
-def _build_in_cache(source, toolchain, flags, timeout, include_dir, default, progress, root, key, cap):
+def _build_in_cache(source, toolchain, flags, straight_flags, timeout, include_dir, default, progress, root,
+                    key, cap):
     so, digest = os.path.join(root, key + '.so'), os.path.join(root, key + '.sha256')
     if _trusted(so, digest):
         touch(so)
-        return Build(so, None, True, False, toolchain, flags)
+        return Build(so, None, True, False, toolchain, flags, straight_flags)
     try:
         with entry_lock(root, key):       # one process builds, the others wait and reuse
             if _trusted(so, digest):
                 touch(so)
-                return Build(so, None, True, False, toolchain, flags)
+                return Build(so, None, True, False, toolchain, flags, straight_flags)
             sweep_temporaries(root, busy={key})
             src = os.path.join(root, key + '.c')
             write_atomically(src, source)
             tmp = os.path.join(root, f'.tmp-{key}-{os.getpid()}.so')
             try:
-                objects = _objects(source, toolchain, flags, timeout, include_dir, default, root, True,
-                                   progress)
+                objects = _objects(source, toolchain, flags, straight_flags, timeout, include_dir, default,
+                                   root, True, progress)
                 cmd = _run_compiler(toolchain, flags, src, tmp, timeout, include_dir, default,
                                     program_hash(source), objects)
                 write_atomically(digest, f'{sha256_file(tmp)} {VERIFIED}\n')
@@ -889,10 +918,11 @@ def _build_in_cache(source, toolchain, flags, timeout, include_dir, default, pro
         full = is_out_of_space(e)
         raise _cache_problem(root, f"{'the disk is full' if full else _describe(e)} "
                              f"({e.filename or root})", full) from e
-    return Build(so, cmd, False, False, toolchain, flags)
+    return Build(so, cmd, False, False, toolchain, flags, straight_flags)
 
 
-def _build_in_temporary_folder(source, toolchain, flags, timeout, include_dir, default, progress):
+def _build_in_temporary_folder(source, toolchain, flags, straight_flags, timeout, include_dir, default,
+                               progress):
     folder = None
     try:
         folder = tempfile.mkdtemp(prefix='micrograd-build-')
@@ -906,23 +936,29 @@ def _build_in_temporary_folder(source, toolchain, flags, timeout, include_dir, d
         raise CacheError(f"{reason}; set TMPDIR to a writable folder, or MICROGRAD_CACHE_DIR to a "
                          "build cache folder", reason) from None
     so = os.path.join(folder, 'nn.so')
-    objects = _objects(source, toolchain, flags, timeout, include_dir, default, folder, False, progress)
+    objects = _objects(source, toolchain, flags, straight_flags, timeout, include_dir, default, folder, False,
+                       progress)
     cmd = _run_compiler(toolchain, flags, src, so, timeout, include_dir, default, program_hash(source),
                         objects)
-    return Build(so, cmd, False, True, toolchain, flags)
+    return Build(so, cmd, False, True, toolchain, flags, straight_flags)
 
 
-def _objects(source, toolchain, flags, timeout, include_dir, default, folder, cached, progress=None):
+def _objects(source, toolchain, flags, straight_flags, timeout, include_dir, default, folder, cached,
+             progress=None):
     """The object files of ``source``'s translation units, compiled in
     parallel into ``folder`` (None for a source of one unit). ``cached``:
     each is kept as ``KEY.o`` under a key of its own, and reused."""
     parts = getattr(source, 'parts', ())
     if len(parts) <= 1:
         return None
-    jobs = [(name, text, build_key(text, toolchain, ['-c', *flags], include_dir)) for name, text in parts]
+    straight = getattr(source, 'straight', ())
+    jobs = []
+    for name, text in parts:
+        part_flags = straight_flags if straight_flags and name in straight else flags
+        jobs.append((name, text, part_flags, build_key(text, toolchain, ['-c', *part_flags], include_dir)))
     with concurrent.futures.ThreadPoolExecutor(max(1, min(len(jobs), _cores()))) as pool:
-        futures = [pool.submit(_compile_object, name, text, key, toolchain, flags, timeout, include_dir,
-                               default, folder, cached) for name, text, key in jobs]
+        futures = [pool.submit(_compile_object, name, text, key, toolchain, part_flags, timeout, include_dir,
+                               default, folder, cached) for name, text, part_flags, key in jobs]
         told = 0
         for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
             if progress and done * 4 // len(futures) > told:     # at each quarter

@@ -160,7 +160,7 @@ def compile_line(model):
     cached = ', cached build' if build.cached else ''
     threads = model.threads
     return (f"compiled in {sum(model.timings.values()):.2f} s ({stages}{cached}) "
-            f"with {build.toolchain.version} [{' '.join(build.flags)}]; "
+            f"with {build.toolchain.version} [{build.flags_text()}]; "
             f"{threads} thread{'s' * (threads != 1)}")
 
 

@@ -20,7 +20,6 @@ import os
 import platform
 import shutil
 import sys
-import sysconfig
 
 from compiler.build import (BuildError, Build, build_extension, default_flags, elf_problem,
                             find_compiler, program_hash)
@@ -48,7 +47,8 @@ def export(model, folder):
         raise ExportError("export(): this model was itself loaded from an export; copy that folder instead")
     params = model.params()
     source = emit_module(model.program, optimizer=model.optimizer, initial_params=params.tolist())
-    build = build_extension(source, model.build.toolchain, model.build.flags)
+    build = build_extension(source, model.build.toolchain, model.build.flags,
+                            straight_flags=model.build.straight_flags)
     os.makedirs(folder, exist_ok=True)
     try:
         with atomic_write(os.path.join(folder, 'nn.c'), 'w') as f:
@@ -67,6 +67,7 @@ def export(model, folder):
         'features': list(model.features), 'optimizer': model.module.optimizer,
         'compiler': {'family': tc.family, 'version': tc.version, 'path': tc.path},
         'flags': list(model.build.flags),
+        'straight_flags': list(model.build.straight_flags or model.build.flags),
         'platform': _platform(), 'python_abi': PYTHON_ABI,
         'so_sha256': sha256_file(os.path.join(folder, SO_NAME)),
     }

@@ -159,7 +159,7 @@ class CompiledModel:
         b = self.build
         family = b.toolchain.family if b and b.toolchain else 'loaded'
         return (f'<CompiledModel {self.n_inputs} inputs, {self.n_params} params, '
-                f'{self.n_outputs} outputs; {family} {" ".join(b.flags) if b else ""}>')
+                f'{self.n_outputs} outputs; {family} {b.flags_text() if b else ""}>')
 
 
 def _features(module, program):

@@ -4,7 +4,7 @@ picture: vector ops and runs of scalar ops, not every scalar)."""
 import os
 from collections import Counter
 
-from compiler.ir import MatVec, Op, Sum
+from compiler.ir import MatVec, Op
 
 
 def parts(program):
@@ -85,7 +85,7 @@ def summary(model):
             + f', outputs {len(program.outputs):,}',
             f'program: {len(program.ops):,} ops over {program.n_slots:,} slots'
             + (f' (passes: {", ".join(program.passes)})' if program.passes else ''),
-            f'C: {model.source.count(chr(10)):,} lines; {toolchain} {" ".join(b.flags if b else [])}',
+            f'C: {model.source.count(chr(10)):,} lines; {toolchain} {b.flags_text() if b else ""}',
             f'optimizer: {model.module.optimizer}; threads: {model.threads}',
             f'compile(): {sum(model.timings.values()):.2f} s ({stages})']
     return '\n'.join(out)

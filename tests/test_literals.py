@@ -47,7 +47,7 @@ def kernel_literal_problems(source):
     """Numeric literals in the double arithmetic of the program bodies that are
     not exact floating literals: bare integers, suffixes, decimal fractions.
     Integers are expected, and skipped, in ``[]`` indices, loop headers,
-    ``memset`` sizes, the arguments of the loop kernels (shapes and offsets),
+    ``memset`` and ``memcpy`` arguments, the arguments of the loop kernels (shapes and offsets),
     integer and pointer declarations, and assignments to integer variables."""
     kernels = source[source.index('/* ---- the program'):source.index('/* ---- tables')]
     kernels = re.sub(r'/\*.*?\*/', ' ', kernels, flags=re.S)
@@ -66,6 +66,7 @@ def kernel_literal_problems(source):
             continue
         code = _drop_balanced(line, 'for (', '(', ')')
         code = _drop_balanced(code, 'memset(', '(', ')')
+        code = _drop_balanced(code, 'memcpy(', '(', ')')
         for call in set(KERNEL_CALL.findall(code)):     # shapes and offsets of the loop kernels
             code = _drop_balanced(code, call, '(', ')')
         code = _drop_balanced(code, '[', '[', ']')

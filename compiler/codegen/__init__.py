@@ -16,6 +16,7 @@ vector ops), and the emitted ``forward_rows``, ``backward_rows`` and
 rows, then add the parameter gradients up over the rows in row order.
 """
 import hashlib
+import math
 from string import Template
 
 from compiler.codegen import optimizer as optimizer_c, sums
@@ -84,13 +85,34 @@ class Source(str):
     ``export`` writes, what a user builds by hand), and as translation units
     that build in parallel and are cached one by one (``parts``: ``[(name,
     text)]``; the loop kernels' part is the same for every program).
-    ``statements``: the straight-line statements, what compile time grows with."""
+    ``statements``: the straight-line statements, what compile time grows
+    with; ``straight``: the names of the parts that hold them."""
 
-    def __new__(cls, text, parts=(), statements=0):
+    def __new__(cls, text, parts=(), statements=0, straight=()):
         source = super().__new__(cls, text)
         source.parts = list(parts)
         source.statements = statements
+        source.straight = frozenset(straight)
         return source
+
+
+def _init_constants(lay, constants):
+    """``init_constants``: the graph's constants into their slots, from a
+    table (thousands of assignments would cost the C compiler seconds)."""
+    out = ['static void\ninit_constants(double *restrict p)\n{']
+    if constants:
+        at = [lay.shared_index(s) for s in constants]
+        # (tcc takes INFINITY and NAN for no constants in a static table: set them after it)
+        values = [c_double(v if math.isfinite(v) else 0.0) for v in constants.values()]
+        table = [', '.join(values[i:i + 6]) for i in range(0, len(values), 6)]
+        out += [f'    static const double value[{len(values)}] = {{', *[f'        {line},' for line in table], '    };']
+        if at == list(range(at[0], at[0] + len(at))):
+            out.append(f'    memcpy(p + {at[0]}, value, sizeof value);')
+        else:
+            out += [f'    static const int at[{len(at)}] = {{{", ".join(map(str, at))}}};',
+                    f'    for (int i = 0; i < {len(at)}; i++) p[at[i]] = value[i];']
+        out += [f'    p[{i}] = {c_double(v)};' for i, v in zip(at, constants.values()) if not math.isfinite(v)]
+    return '\n'.join(out + ['    (void)p;\n}\n'])
 
 
 def _loss_of(layout, program):
@@ -235,10 +257,7 @@ class _Program:
     def emit(self):
         """The C of the program, and the numbers the template needs."""
         program, lay = self.program, self.layout
-        out = [_loss_of(lay, program), '',
-               'static void\ninit_constants(double *restrict p)\n{']
-        out += [f'    p[{lay.shared_index(s)}] = {c_double(v)};' for s, v in program.constants.items()]
-        out += ['    (void)p;\n}\n']
+        out = [_loss_of(lay, program), '', _init_constants(lay, program.constants)]
         out += self.matvecs.functions()
         out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in self.matvecs.refresh()]
@@ -348,5 +367,5 @@ def emit_module(program, optimizer=None, initial_params=None):
     parts = [('module', module.substitute(kernels_c=kernel_api, program=body, **fields))]
     if kernel_code:
         parts.append(('kernels', prelude + '\n' + kernel_api + '\n' + kernel_code))
-    parts += [(f'segments{i + 1}', prelude + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
-    return Source(single, parts, prog.functions.statements)
+    straight = [(f'segments{i + 1}', prelude + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
+    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight])

@@ -123,15 +123,25 @@ class Layout:
             at = round_up(at, ROW_ALIGN)
             self.weight_aux[wt0] = WeightAux(at, at + round_up(R, PANEL) * C)
             at += round_up(R, PANEL) * C + 1
+        # A weight applied at several places (a sequence's positions) shares
+        # what is the same for each: the padded heads and their skip flag,
+        # and the input-gradient panels of one backward row order.
+        shared = {}
         for op in self.matvecs:
-            at = round_up(at, ROW_ALIGN)
-            heads = at if op.heads and not any(self.is_row(h) for h in op.heads) else -1
-            at += round_up(op.rows, PANEL) if heads >= 0 else 0
-            skip, at = at, at + 1
+            heads_key = (op.wt0, tuple(op.heads or ()))
+            if heads_key not in shared:
+                at = round_up(at, ROW_ALIGN)
+                heads = at if op.heads and not any(self.is_row(h) for h in op.heads) else -1
+                at += round_up(op.rows, PANEL) if heads >= 0 else 0
+                shared[heads_key], at = (heads, at), at + 1
+            heads, skip = shared[heads_key]
             bgx = -1
             if op.grad_x:
-                at = round_up(at, ROW_ALIGN)
-                bgx, at = at, at + round_up(op.cols, PANEL) * op.rows
+                bgx_key = (op.wt0, tuple(op.bwd_rows))
+                if bgx_key not in shared:
+                    at = round_up(at, ROW_ALIGN)
+                    shared[bgx_key], at = at, at + round_up(op.cols, PANEL) * op.rows
+                bgx = shared[bgx_key]
             self.aux[id(op)] = MatVecAux(heads, skip, bgx)
         self.n_aux = at
 

@@ -8,7 +8,6 @@ within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 """
 from compiler.codegen.layout import PANEL, round_up
-from compiler.ir import MatVec
 
 GROUP = 16      # inputs per weight-gradient tile (templates/kernels.c: MV_BGW_MK)
 
@@ -70,9 +69,16 @@ class MatVecRenderer:
             lines += [f'/* W of {self.name[id(op)]}: {op.rows}x{op.cols} */',
                       f'mv_pack_fwd(p + {lay.weight_base[wt0]}, {op.rows}, {op.cols}, {RP}, aux + {wa.panels});',
                       f'aux[{wa.finite}] = mv_all_finite(p + {lay.weight_base[wt0]}, {op.cols * RP});']
+        filled = {-1}       # aux places that uses of one weight share (Layout): fill them once
         for op in self.ops:
             a, wa = lay.aux[id(op)], lay.weight_aux[op.wt0]
             name = self.name[id(op)]
+            if a.bgx not in filled:
+                filled.add(a.bgx)
+                lines.append(self._pack_bgx(op, a.bgx))
+            if a.skip in filled:
+                continue
+            filled.add(a.skip)
             # zeros may be skipped while every weight is finite and no sum starts
             # at -0.0 (a head of -0.0; with heads in the rows: never checked, no skipping)
             if not op.heads:
@@ -85,14 +91,19 @@ class MatVecRenderer:
                     lines.append(f'for (int n = 0; n < {op.rows}; n++) aux[{a.heads} + n] = '
                                  f'p[{strided[0]} + n * {strided[1]}];   /* heads of {name} */')
                 else:
-                    lines += [f'aux[{a.heads + n}] = p[{self._p(h)}];' for n, h in enumerate(op.heads)]
+                    lines += ['{',
+                              f'    static const int at[{op.rows}] = {{{", ".join(str(self._p(h)) for h in op.heads)}}};',
+                              f'    for (int n = 0; n < {op.rows}; n++) aux[{a.heads} + n] = p[at[n]];   '
+                              f'/* heads of {name} */',
+                              '}']
                 lines += [f'aux[{a.skip}] = aux[{wa.finite}];',
                           f'for (int n = 0; n < {op.rows}; n++)',
                           f'    if (aux[{a.heads} + n] == 0.0 && signbit(aux[{a.heads} + n])) aux[{a.skip}] = 0.0;']
-            if a.bgx >= 0:
-                lines.append(f'mv_pack_bgx(p + {lay.weight_base[op.wt0]}, {name}_order, {op.rows}, {op.cols}, '
-                             f'{round_up(op.rows, PANEL)}, aux + {a.bgx});')
         return lines
+
+    def _pack_bgx(self, op, at):
+        return (f'mv_pack_bgx(p + {self.layout.weight_base[op.wt0]}, {self.name[id(op)]}_order, '
+                f'{op.rows}, {op.cols}, {round_up(op.rows, PANEL)}, aux + {at});')
 
     def functions(self):
         """The C wrappers of every ``MatVec``: forward and backward over rows,

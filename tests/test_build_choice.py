@@ -1,0 +1,112 @@
+"""The size-aware default build: which compiler and levels ``compile()``
+chooses for a program's size (the choice, never a time), and that a build
+whose straight-line parts have a level of their own is still exact."""
+import math
+import random
+import shutil
+
+import pytest
+
+import compiler
+from compiler import build
+from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, choose_build
+from micrograd import Value
+from tests.differential import assert_matches_interpreter
+
+HAVE = {cc: bool(shutil.which(cc)) for cc in ('clang', 'gcc', 'tcc')}
+needs_clang = pytest.mark.skipif(not HAVE['clang'], reason="clang is not installed")
+
+
+@pytest.fixture
+def one_core(monkeypatch):
+    """Estimates divide by the cores: fix them, so that the sizes below mean the same everywhere."""
+    monkeypatch.setattr(build, '_cores', lambda: 1)
+
+
+def statements_for(family, level, share):
+    """A program size whose estimate at (family, level) is ``share`` of the budget."""
+    return int(COMPILE_BUDGET * share / COMPILE_SECONDS[family, level])
+
+
+def choice(**kwargs):
+    c = choose_build(**kwargs)
+    return c.toolchain.family, c.opt, c.straight_opt
+
+
+@needs_clang
+def test_a_small_program_gets_the_fastest_code(one_core):
+    assert choice(statements=100) == ('clang', '-O2', None)
+
+
+@needs_clang
+def test_larger_programs_step_down_one_level_at_a_time(one_core):
+    assert choice(statements=statements_for('clang', '-O1', 0.9)) == ('clang', '-O1', None)
+    # too big for -O1 everywhere: the loops at -O1, the straight-line code at -O0
+    assert choice(statements=statements_for('clang', '-O1', 1.5)) == ('clang', '-O1', '-O0')
+    assert choice(statements=statements_for('clang', '-O0', 0.9)) == ('clang', '-O1', '-O0')
+
+
+@pytest.mark.skipif(not (HAVE['clang'] and HAVE['tcc']), reason="needs clang and tcc")
+def test_a_huge_straight_line_program_goes_to_tcc(one_core):
+    # a million-op graph's backward alone is a million statements or more
+    assert choice(statements=1_000_000) == ('tcc', None, None)
+    assert choice(statements=statements_for('clang', '-O0', 1.5)) == ('tcc', None, None)
+
+
+@needs_clang
+def test_more_cores_fit_more(monkeypatch):
+    size = statements_for('clang', '-O1', 1.5)
+    monkeypatch.setattr(build, '_cores', lambda: 1)
+    assert choice(statements=size, parts=4) == ('clang', '-O1', '-O0')
+    monkeypatch.setattr(build, '_cores', lambda: 4)
+    assert choice(statements=size, parts=4)[2] is None       # every part optimised
+
+
+@needs_clang
+def test_a_compiler_asked_for_keeps_its_family_and_an_opt_asked_for_is_used_everywhere(one_core):
+    big = statements_for('clang', '-O1', 1.5)
+    assert choice(cc='clang', statements=big) == ('clang', '-O1', '-O0')
+    assert choice(cc='clang', statements=10**7) == ('clang', '-O1', '-O0')   # never tcc when clang is asked for
+    assert choice(cc='clang', opt='-O2', statements=big) == ('clang', '-O2', None)
+    assert choice(opt='-O3', statements=big)[1:] == ('-O3', None)
+
+
+def chain_graph(n_inputs=8, n_ops=3000, seed=5):
+    """A straight-line graph of scalar ops (no sums to lift): ``build(inputs, params)``."""
+    rng = random.Random(seed)
+    plan = [(rng.choice('+*t'), rng.randrange(10**6), rng.randrange(10**6)) for _ in range(n_ops)]
+
+    def graph(inputs, params):
+        nodes = list(inputs) + list(params)
+        for op, i, j in plan:
+            a, b = nodes[-1 - i % min(16, len(nodes))], nodes[j % len(nodes)]
+            nodes.append(a + b if op == '+' else a * b * 0.5 if op == '*' else (a * 0.25).tanh())
+        loss = nodes[-1]
+        for node in nodes[-50:-1]:
+            loss = loss + node
+        return loss, nodes[-5:]
+    return graph
+
+
+@needs_clang
+def test_straight_line_parts_at_their_own_level_are_exact_and_named(monkeypatch, tmp_path):
+    monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
+    # a budget this program just misses at -O1: the straight-line parts go to -O0
+    monkeypatch.setattr(build, 'COMPILE_BUDGET', 1e-9)
+    monkeypatch.setattr(build, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('clang', '-O0'): 0.0})
+    graph = chain_graph()
+    samples = [[math.sin(k + i) for i in range(8)] for k in range(3)]
+    m = assert_matches_interpreter(graph, samples, [0.3, -0.7], 'clang')
+    assert m.build.flags[0] == '-O1' and m.build.straight_flags[0] == '-O0'
+    # each part was compiled with its own flags: its cached object is under that key
+    source, tc = m.source, m.build.toolchain
+    assert source.straight and set(source.straight) < {name for name, _ in source.parts}
+    for name, text in source.parts:
+        flags = m.build.straight_flags if name in source.straight else m.build.flags
+        assert (tmp_path / (build.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
+    assert '(straight-line parts -O0)' in repr(m) and '(straight-line parts -O0)' in m.summary()
+    # the same program with every part at -O1 is another cache entry, with the same results
+    monkeypatch.setattr(build, 'COMPILE_BUDGET', 1e9)
+    m1 = assert_matches_interpreter(graph, samples, [0.3, -0.7], 'clang')
+    assert m1.build.path != m.build.path and m1.build.straight_flags is None
+    assert m1.build.flags[0] == '-O2'
