@@ -165,6 +165,47 @@ typedef struct State {
 
 #define MAX_THREADS 64
 
+/* Waiting: a thread first spins a short while on the counter it waits for
+ * (a barrier between the halves of a block costs a futex wake-up and a
+ * reschedule otherwise: tens of microseconds on a VM, per barrier), then
+ * sleeps on the condition variable. The counters change under the mutex and
+ * are read outside it only by these spins (atomically; tcc: no spinning). */
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define POOL_SPINS 4000
+#define POOL_READ(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define POOL_WRITE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#if defined(__x86_64__) || defined(__i386__)
+#define POOL_PAUSE() __builtin_ia32_pause()
+#else
+#define POOL_PAUSE() ((void)0)
+#endif
+#else
+#define POOL_SPINS 0
+#define POOL_READ(x) (x)
+#define POOL_WRITE(x, v) ((x) = (v))
+#define POOL_PAUSE() ((void)0)
+#endif
+
+/* Spin until *counter != value (1), or give up (0). */
+static int
+pool_spin_while(const unsigned long *counter, unsigned long value)
+{
+    for (int i = 0; i < POOL_SPINS; i++) {
+        if (POOL_READ(*counter) != value)
+            return 1;
+        POOL_PAUSE();
+    }
+    return 0;
+}
+
+/* Spin until *running is 0, or give up. */
+static void
+pool_spin_while_busy(const int *running)
+{
+    for (int i = 0; i < POOL_SPINS && POOL_READ(*running) > 0; i++)
+        POOL_PAUSE();
+}
+
 static void *
 pool_helper(void *arg)
 {
@@ -174,6 +215,11 @@ pool_helper(void *arg)
     unsigned long seen = start->seen;
     pthread_mutex_lock(&pl->mu);
     for (;;) {
+        if (!pl->stop && pl->job_no == seen) {
+            pthread_mutex_unlock(&pl->mu);
+            pool_spin_while(&pl->job_no, seen);     /* the next job often follows at once */
+            pthread_mutex_lock(&pl->mu);
+        }
         while (!pl->stop && pl->job_no == seen)
             pthread_cond_wait(&pl->wake, &pl->mu);
         if (pl->stop)
@@ -186,7 +232,8 @@ pool_helper(void *arg)
             pthread_mutex_unlock(&pl->mu);
             job(ctx, t, T);
             pthread_mutex_lock(&pl->mu);
-            if (--pl->running == 0)
+            POOL_WRITE(pl->running, pl->running - 1);
+            if (pl->running == 0)
                 pthread_cond_signal(&pl->idle);
         }
     }
@@ -242,12 +289,13 @@ pool_run(State *st, Job job, void *ctx, int T)
         pl->T = T;
         pl->running = T - 1;
         pl->waiting = 0;
-        pl->job_no++;
+        POOL_WRITE(pl->job_no, pl->job_no + 1);
         pthread_cond_broadcast(&pl->wake);
         pthread_mutex_unlock(&pl->mu);
     }
     job(ctx, 0, T);
     if (T > 1) {
+        pool_spin_while_busy(&pl->running);
         pthread_mutex_lock(&pl->mu);
         while (pl->running > 0)
             pthread_cond_wait(&pl->idle, &pl->mu);
@@ -264,12 +312,17 @@ pool_barrier(Pool *pl, int T)
     const unsigned long phase = pl->phase;
     if (++pl->waiting == T) {
         pl->waiting = 0;
-        pl->phase++;
+        POOL_WRITE(pl->phase, phase + 1);
         pthread_cond_broadcast(&pl->turn);
-    } else {
-        while (phase == pl->phase)
-            pthread_cond_wait(&pl->turn, &pl->mu);
+        pthread_mutex_unlock(&pl->mu);
+        return;
     }
+    pthread_mutex_unlock(&pl->mu);
+    if (pool_spin_while(&pl->phase, phase))
+        return;
+    pthread_mutex_lock(&pl->mu);
+    while (phase == pl->phase)
+        pthread_cond_wait(&pl->turn, &pl->mu);
     pthread_mutex_unlock(&pl->mu);
 }
 
@@ -330,6 +383,29 @@ claim_state(PyObject *module)
 }
 
 /* ---- arguments ------------------------------------------------------------------ */
+
+/* The index of the first inf or NaN of x[0:n], or -1. A chunk at a time,
+ * by the exponent bits, without an early exit: a loop the compiler can
+ * vectorise (train_batch checks every number of X before it changes anything). */
+static Py_ssize_t
+first_non_finite(const double *x, Py_ssize_t n)
+{
+    const uint64_t EXP = 0x7ff0000000000000ULL, ONE = 1ULL << 52;
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += 4096) {
+        const Py_ssize_t i1 = n - i0 < 4096 ? n : i0 + 4096;
+        uint64_t any = 0;     /* bit 63 set by an exponent of all ones: (EXP & u) + ONE overflows into it */
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            uint64_t u;
+            memcpy(&u, x + i, sizeof u);
+            any |= (u & EXP) + ONE;
+        }
+        if (any >> 63)
+            for (Py_ssize_t i = i0; i < i1; i++)
+                if (!isfinite(x[i]))
+                    return i;
+    }
+    return -1;
+}
 
 static int
 check_nargs(const char *func, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most)
@@ -881,13 +957,11 @@ copy_vector(PyObject *module, PyObject *const *args, Py_ssize_t nargs, const cha
         return NULL;
     }
     if (!to_caller) {
-        const double *src = (const double *)view.buf;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!isfinite(src[i])) {
-                PyBuffer_Release(&view);
-                PyErr_Format(PyExc_ValueError, "%s(): %s[%zd] is not finite", func, arg, i);
-                return NULL;
-            }
+        const Py_ssize_t i = first_non_finite((const double *)view.buf, n);
+        if (i >= 0) {
+            PyBuffer_Release(&view);
+            PyErr_Format(PyExc_ValueError, "%s(): %s[%zd] is not finite", func, arg, i);
+            return NULL;
         }
     }
     copy(st, (double *)view.buf, to_caller);
@@ -1010,12 +1084,7 @@ nn_train_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     double total = 0.0;
     st->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    const Py_ssize_t n = rows * N_INPUTS;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!isfinite(bt.X[i])) {
-            bad = i;
-            break;
-        }
+    bad = first_non_finite(bt.X, rows * N_INPUTS);
     if (bad < 0) {
         memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);
         pool_run(st, train_job, &bt, threads_for(st, rows, 1));
