@@ -57,9 +57,10 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
     ``vectorize`` runs the vectorizing pass (exact: results are bit for bit
     those of the straight-line program). ``cc`` picks the C compiler
     (``'tcc'``, ``'clang'``, ``'gcc'`` or a path; default ``$CC``, else
-    chosen by the program's size: clang -O2 for small programs, -O1 or tcc
-    for large ones, see ``compiler.build.choose_build``); ``flags`` replaces
-    the default flags entirely; otherwise ``opt`` sets the optimisation level
+    chosen by the program's size: clang -O2 for small programs, -O1 for
+    larger ones, then -O1 with the straight-line parts at -O0, then tcc, see
+    ``compiler.build.choose_build``); ``flags`` replaces the default flags
+    entirely; otherwise ``opt`` sets the optimisation level of every part
     (default: by size) and ``native=True`` adds ``-march=native``. ``include_dir`` is
     the folder of ``Python.h`` (default: ``$MICROGRAD_PYTHON_INCLUDE``, else
     this interpreter's).

@@ -2,11 +2,14 @@
 
     python -m compiler cache --info    the build cache: folder, entries, total size, size cap
     python -m compiler cache --clear   remove every build from it (downloads in it are kept)
+    python -m compiler export FILE.py:FUNC -o DIR
+                                       compile the graph FUNC() returns, export it to DIR
 
 Each subcommand is a pair of functions, one adding its parser and one
-running it, listed in ``COMMANDS``; a new one (``export``) is added there.
+running it, listed in ``COMMANDS``.
 """
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -56,7 +59,74 @@ def run_cache(args):
     return 0
 
 
-COMMANDS = (add_cache,)
+class CommandError(Exception):
+    """A mistake in the command's arguments or in what they name: one line, exit status 1."""
+
+
+def add_export(subparsers):
+    p = subparsers.add_parser(
+        'export', help='compile a graph from a Python file and export it',
+        description='Run FUNC() from FILE.py, compile the graph it returns and export it to DIR: '
+                    'nn.c, nn.abi3.so and nn.json, so that `sys.path.insert(0, DIR); import nn` '
+                    'works in any Python of this version, without micrograd or compiler.',
+        epilog='FUNC() returns (loss, inputs, params, outputs) or a dict with those keys (outputs '
+               'may be left out; a dict may also give optimizer, constants and input_grads).')
+    p.add_argument('target', metavar='FILE.py:FUNC', help='the file and the function that builds the graph')
+    p.add_argument('-o', '--output', metavar='DIR', required=True, help='the folder to export to')
+    p.add_argument('--cc', metavar='CC', help='the C compiler (default: chosen by size)')
+    p.set_defaults(run=run_export)
+
+
+GRAPH_KEYS = ('loss', 'inputs', 'params', 'outputs')
+OPTIONAL_KEYS = ('optimizer', 'constants', 'input_grads')
+
+
+def load_graph(target):
+    """``FUNC()`` of ``FILE.py:FUNC``, as the keyword arguments of ``compile``."""
+    path, sep, name = target.rpartition(':')
+    if not sep or not path or not name.isidentifier():
+        raise CommandError(f"{target!r}: expected FILE.py:FUNC, e.g. model.py:build")
+    if not os.path.isfile(path):
+        raise CommandError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))   # its own imports, as `python FILE.py`
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    func = getattr(module, name, None)
+    if not callable(func):
+        raise CommandError(f"{path} has no function {name}")
+    got = func()
+    if isinstance(got, dict):
+        unknown = set(got) - set(GRAPH_KEYS) - set(OPTIONAL_KEYS)
+        if unknown or 'loss' not in got:
+            raise CommandError(f"{name}() returned a dict with keys {sorted(got)}: expected "
+                               f"{', '.join(GRAPH_KEYS)} (and optionally {', '.join(OPTIONAL_KEYS)})")
+        return dict(got)
+    if isinstance(got, (tuple, list)) and len(got) in (3, 4):
+        return dict(zip(GRAPH_KEYS, got))
+    raise CommandError(f"{name}() returned {type(got).__name__}: expected (loss, inputs, params, outputs) "
+                       f"or a dict with those keys")
+
+
+def run_export(args):
+    import compiler
+    graph = load_graph(args.target)
+    try:
+        m = compiler.compile(graph.pop('loss'), cc=args.cc, **graph)
+        m.export(args.output)
+    except (TypeError, ValueError) as e:    # a graph compile() refuses (TraceError), bad arguments
+        raise CommandError(f"{args.target}: {e}") from None
+    sizes = ', '.join(f"{name} {format_size(os.path.getsize(os.path.join(args.output, name)))}"
+                      for name in sorted(os.listdir(args.output)))
+    print(f"exported {m.n_inputs} inputs, {m.n_params} params, {m.n_outputs} outputs to "
+          f"{args.output}: {sizes}")
+    return 0
+
+
+COMMANDS = (add_cache, add_export)
 
 
 def main(argv=None):
@@ -68,7 +138,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (BuildError, OSError) as e:
+    except (BuildError, OSError, CommandError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
