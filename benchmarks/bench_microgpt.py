@@ -86,9 +86,11 @@ def measure_ours(setup, steps, cc, repeats):
         losses = run_losses
     build = m.build
     level = [f for f in build.flags if f.startswith('-O')]
+    if build.straight_flags:
+        level += [f"(straight-line {' '.join(f for f in build.straight_flags if f.startswith('-O'))})"]
     return {'name': f"ours ({' '.join([build.toolchain.family, *level])})", 'runs': runs, 'losses': losses,
             'compile_s': total, 'graph_s': total - sum(m.timings.values()),
-            'timings': dict(m.timings), 'compiler': build.toolchain.version, 'flags': list(build.flags),
+            'timings': dict(m.timings), 'compiler': build.toolchain.version, 'flags': build.flags_text().split(' '),
             'c_lines': m.source.count('\n'), 'ops': len(m.program.ops)}
 
 
