@@ -330,7 +330,11 @@ def _live(program, roots):
     for s in roots:
         live[s] = 1
     for op in reversed(program.ops):
-        if any(live[o] for o in op.writes):
+        if type(op) is Op:          # most of them: no tuple of writes to build
+            if live[op.out]:
+                for a in op.args:
+                    live[a] = 1
+        elif any(live[o] for o in op.writes):
             for a in op.reads:
                 live[a] = 1
     return live

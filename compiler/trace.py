@@ -81,11 +81,12 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
     undeclared = []
     computed = []
     for v in order:
-        if not isinstance(v, Value) or type(v._prev) is not tuple:
+        prev = getattr(v, '_prev', None)
+        if type(prev) is not tuple or not isinstance(v, Value):
             raise TraceError(f"the graph holds a {type(v).__name__} with operands "
-                             f"{type(getattr(v, '_prev', None)).__name__}: nodes must be Values "
+                             f"{type(prev).__name__}: nodes must be Values "
                              "whose operands are a tuple of Values")
-        if v._prev:
+        if prev:
             computed.append(v)
         elif v not in slot:
             if v._op:
@@ -95,26 +96,31 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
             if type(v) is not Constant and id(v) not in declared:
                 undeclared.append(v)
 
+    # the hot loop (hundreds of thousands of ops): one dict lookup per op for its arity
+    arity = {name: (info.arity, info.has_k) for name, info in SCALAR_OPS.items()}
     ops = []
+    append = ops.append
     n_cone = sum(1 for v in cone if v._prev)
     n = len(slot)
-    for v in computed:
-        name, prev = v._op, v._prev
-        info = SCALAR_OPS.get(name) if type(name) is str else None
-        if info is None:
-            raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(SCALAR_OPS)}")
-        if len(prev) != info.arity:
-            raise TraceError(f"op {name!r} has {len(prev)} operands, expected {info.arity}")
-        k = None
-        if info.has_k:
-            k = _real(v._arg, "the exponent of '**'")
-        try:
-            args = tuple([slot[c] for c in prev])
-        except KeyError:
-            raise TraceError(f"the graph has a cycle through a {name!r} op") from None
-        slot[v] = n
-        ops.append(Op(name, n, args, k))
-        n += 1
+    try:
+        for v in computed:
+            name, prev = v._op, v._prev
+            expected, has_k = arity.get(name, (None, False)) if type(name) is str else (None, False)
+            if len(prev) != expected:
+                if expected is None:
+                    raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(SCALAR_OPS)}")
+                raise TraceError(f"op {name!r} has {len(prev)} operands, expected {expected}")
+            if len(prev) == 2:
+                args = (slot[prev[0]], slot[prev[1]])
+            elif len(prev) == 1:
+                args = (slot[prev[0]],)
+            else:
+                args = tuple([slot[c] for c in prev])
+            slot[v] = n
+            append(Op(name, n, args, _real(v._arg, "the exponent of '**'") if has_k else None))
+            n += 1
+    except KeyError:
+        raise TraceError(f"the graph has a cycle through a {name!r} op") from None
 
     program = Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
                       constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
