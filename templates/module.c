@@ -621,9 +621,9 @@ params_from_user(const double *restrict user, double *restrict internal)
 
 static void
 adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s,
-            double lr, double divisor, double c1, double c2, int j0)
+            double lr, double divisor, double c1, double c2, int j0, int j1)
 {
-    for (int j = j0; j < N_PARAM_SPAN; j++)
+    for (int j = j0; j < j1; j++)
         ADAM_STEP(double, sqrt, p[j], gp[j], m[j], s[j]);
 }
 
@@ -638,10 +638,10 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
     NAME##_sqrt(NAME##_v x) { return (NAME##_v)SQRT_INTRINSIC((VTYPE)x); }                  \
     __attribute__((target(TARGET))) static int                                             \
     NAME(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s, \
-         double lr, double divisor, double c1, double c2)                                  \
+         double lr, double divisor, double c1, double c2, int j0, int j1)                  \
     {                                                                                      \
-        int j = 0;                                                                         \
-        for (; j + W <= N_PARAM_SPAN; j += W)                                              \
+        int j = j0;                                                                        \
+        for (; j + W <= j1; j += W)                                                        \
             ADAM_STEP(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j), *(const NAME##_v *)(gp + j), \
                       *(NAME##_v *)(m + j), *(NAME##_v *)(s + j));                         \
         return j;                                                                          \
@@ -672,22 +672,24 @@ adam_isa(void)
 #endif
 
 /* One step on the gradients gp / divisor, each formula as PyTorch documents
- * it and in that order of operations (torch.optim.SGD, Adam, AdamW). */
+ * it and in that order of operations (torch.optim.SGD, Adam, AdamW), for the
+ * parameters j0 <= j < j1 (each parameter's step is its own: any split of
+ * the range gives the same bits). `t` is the step's number, from 1. */
 static void
-optimizer_step(State *st, double lr, double divisor)
+optimizer_range(State *st, double lr, double divisor, double t, int j0, int j1)
 {
     double *restrict p = st->p;
     const double *restrict gp = st->gp;
 #if OPT_KIND == OPT_NONE || (OPT_KIND == OPT_SGD && !OPT_HAS_MOMENTUM && !OPT_HAS_WEIGHT_DECAY)
-    for (int j = 0; j < N_PARAM_SPAN; j++)
+    for (int j = j0; j < j1; j++)
         p[j] -= lr * (gp[j] / divisor);
-    st->state[0] += 1.0;
+    (void)t;
 #elif OPT_KIND == OPT_SGD
     /* g += wd * p;  b = g (first step) or momentum * b + g;  g = g + momentum * b
      * (nesterov) or b;  p -= lr * g */
     double *restrict buf = st->state + 1;
-    const int first = st->state[0] == 0.0;
-    for (int j = 0; j < N_PARAM_SPAN; j++) {
+    const int first = t == 1.0;
+    for (int j = j0; j < j1; j++) {
         double g = gp[j] / divisor;
         if (OPT_WEIGHT_DECAY != 0)
             g = g + OPT_WEIGHT_DECAY * p[j];
@@ -697,22 +699,49 @@ optimizer_step(State *st, double lr, double divisor)
         }
         p[j] = p[j] - lr * g;
     }
-    st->state[0] += 1.0;
 #else
     double *restrict m = st->state + 1, *restrict s = st->state + 1 + N_PARAM_SPAN;
-    const double t = st->state[0] + 1.0;
-    st->state[0] = t;
     const double c1 = 1.0 - pow(OPT_BETA1, t), c2 = 1.0 - pow(OPT_BETA2, t);
-    int j = 0;
+    int j = j0;
 #if ADAM_VECTORS
     switch (adam_isa()) {
-    case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2); break;
-    case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2); break;
-    default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2);
+    case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
+    case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
+    default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2, j0, j1);
     }
 #endif
-    adam_scalar(p, gp, m, s, lr, divisor, c1, c2, j);
+    adam_scalar(p, gp, m, s, lr, divisor, c1, c2, j, j1);
 #endif
+}
+
+typedef struct {
+    State *st;
+    double lr, divisor, t;
+} OptimizerJob;
+
+static void
+optimizer_job(void *ctx, int part, int parts)
+{
+    const OptimizerJob *o = (const OptimizerJob *)ctx;
+    /* 8-parameter pieces, so that vectors stay whole and aligned */
+    const int pieces = (N_PARAM_SPAN + 7) / 8;
+    const int j0 = 8 * (int)((long long)pieces * part / parts);
+    int j1 = 8 * (int)((long long)pieces * (part + 1) / parts);
+    if (j1 > N_PARAM_SPAN)
+        j1 = N_PARAM_SPAN;
+    optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
+}
+
+/* One step (on T threads), then the packed copies of the new weights. */
+static void
+optimizer_step(State *st, double lr, double divisor, int T)
+{
+    OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0};
+    if (T > 1 && N_PARAM_SPAN >= 16384)
+        pool_run(st, optimizer_job, &o, T);
+    else
+        optimizer_range(st, lr, divisor, o.t, 0, N_PARAM_SPAN);
+    st->state[0] = o.t;
     refresh_aux(st->p, st->aux);
 }
 
@@ -739,6 +768,39 @@ load_row(const Batch *bt, Py_ssize_t r, double *restrict row)
         for (int j = 0; j < N_FEATURES; j++)
             row[FEATURES[j]] = x[j];
     }
+}
+
+typedef struct {
+    const double *x;
+    Py_ssize_t n;
+    Py_ssize_t first[MAX_THREADS];
+} CheckJob;
+
+static void
+check_job(void *ctx, int part, int parts)
+{
+    CheckJob *c = (CheckJob *)ctx;
+    const Py_ssize_t i0 = c->n * part / parts, i1 = c->n * (part + 1) / parts;
+    const Py_ssize_t i = first_non_finite(c->x + i0, i1 - i0);
+    c->first[part] = i < 0 ? -1 : i0 + i;
+}
+
+/* first_non_finite(x, n), its parts on T threads */
+static Py_ssize_t
+first_non_finite_on(State *st, const double *x, Py_ssize_t n, int T)
+{
+    if (T == 1 || n < 65536)
+        return first_non_finite(x, n);
+    CheckJob c;
+    c.x = x;
+    c.n = n;
+    for (int part = 0; part < T; part++)
+        c.first[part] = -1;     /* (pool_run may get fewer threads than T) */
+    pool_run(st, check_job, &c, T);
+    for (int part = 0; part < T; part++)
+        if (c.first[part] >= 0)
+            return c.first[part];
+    return -1;
 }
 
 static void
@@ -936,7 +998,7 @@ nn_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (!check_nargs("step", nargs, 0, 1) ||
         get_lr("step", nargs ? args[0] : Py_None, &lr, 1) < 0 || (st = claim_state(module)) == NULL)
         return NULL;
-    optimizer_step(st, lr, 1.0);
+    optimizer_step(st, lr, 1.0, 1);
     st->forward_done = 0;
     Py_RETURN_NONE;
 }
@@ -1084,13 +1146,14 @@ nn_train_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     double total = 0.0;
     st->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    bad = first_non_finite(bt.X, rows * N_INPUTS);
+    const int T = threads_for(st, rows, 1);
+    bad = first_non_finite_on(st, bt.X, rows * N_INPUTS, T);
     if (bad < 0) {
         memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);
-        pool_run(st, train_job, &bt, threads_for(st, rows, 1));
+        pool_run(st, train_job, &bt, T);
         for (Py_ssize_t r = 0; r < rows; r++)
             total += losses[r];
-        optimizer_step(st, lr, (double)rows);
+        optimizer_step(st, lr, (double)rows, T);
     }
     Py_END_ALLOW_THREADS
     st->busy = 0;

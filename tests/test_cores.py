@@ -275,3 +275,36 @@ def test_every_instruction_set_gives_the_same_bits(cc):
         reports[want] = json.loads(done.stdout.splitlines()[-1])
     assert reports['base']['isa'] == 'base'
     assert len({r['sha'] for r in reports.values()}) == 1, reports
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', [FAST_CC, 'clang'] if 'clang' in COMPILERS and FAST_CC != 'clang' else [FAST_CC])
+def test_the_first_non_finite_number_is_named_at_every_thread_count(cc):
+    # X is checked in parts on the threads (a batch of 65,536 numbers or more):
+    # the error names the first bad number of X however many threads looked,
+    # and nothing changes; momentum, so that the optimizer's state is checked too
+    sizes = [257, 64, 7]
+    params = mlp_params(sizes)
+    m = compile_graph(mlp_builder(sizes), 264, params, cc, flags=split_flags(cc),
+                      optimizer=compiler.SGD(0.1, momentum=0.9))
+    assert m.n_params >= 16384     # the optimizer's step is split too
+    X = batch(257, 7, 300)
+    m.train_batch(X, 0.1)
+    before = m.params().tobytes(), m.optimizer_state().tobytes(), m.grads().tobytes()
+    bad = X.copy()
+    bad[280, 5] = np.inf            # in the last thread's part
+    bad[250, 3] = np.nan            # the first
+    for T in THREAD_COUNTS:
+        m.threads = T
+        with pytest.raises(ValueError, match=r'X\[250, 3\] is not finite'):
+            m.train_batch(bad, 0.1)
+        assert (m.params().tobytes(), m.optimizer_state().tobytes(), m.grads().tobytes()) == before
+    # and the steps themselves, split over the threads, give the same bits
+    results = set()
+    for T in THREAD_COUNTS:
+        m.set_params(params)
+        m.set_optimizer_state(np.zeros_like(m.optimizer_state()))
+        m.threads = T
+        losses = [np.float64(m.train_batch(X, 0.1)).tobytes() for _ in range(3)]
+        results.add((tuple(losses), m.params().tobytes(), m.optimizer_state().tobytes()))
+    assert len(results) == 1
