@@ -58,7 +58,8 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
     those of the straight-line program). ``cc`` picks the C compiler
     (``'tcc'``, ``'clang'``, ``'gcc'`` or a path; default ``$CC``, else
     chosen by the program's size: clang -O2 for small programs, -O1 for
-    larger ones, then -O1 with the straight-line parts at -O0, then tcc, see
+    larger ones, then -O1 with the straight-line parts at -O0 or built by
+    tcc, then tcc alone, see
     ``compiler.build.choose_build``); ``flags`` replaces the default flags
     entirely; otherwise ``opt`` sets the optimisation level of every part
     (default: by size) and ``native=True`` adds ``-march=native``. ``include_dir`` is
@@ -93,7 +94,9 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         flags = check_flags(flags)
     else:
         flags = default_flags(toolchain, choice.opt, native)
-        if choice.straight_opt:
+        if choice.straight_toolchain is not None:
+            straight_flags = default_flags(choice.straight_toolchain)
+        elif choice.straight_opt:
             straight_flags = default_flags(toolchain, choice.straight_opt, native)
     expected = choice.estimate(source.statements, len(source.parts))
     if progress and expected > 2.0:
@@ -101,7 +104,8 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
                  f"{toolchain.family} {' '.join(flags[:1])}: about {expected:.0f} s")
     else:
         progress = None
-    build = build_extension(source, toolchain, flags, timeout, include_dir, progress, straight_flags)
+    build = build_extension(source, toolchain, flags, timeout, include_dir, progress, straight_flags,
+                            choice.straight_toolchain)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2
     # The module must be the program just compiled: a cache entry replaced by
@@ -123,7 +127,8 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
             raise BuildError(f"the shared object {build.path} cannot be used: {problem}",
                              cmd=build.cmd)
         discard_entry(build.path)
-        build = build_extension(source, toolchain, flags, timeout, include_dir, None, straight_flags)
+        build = build_extension(source, toolchain, flags, timeout, include_dir, None, straight_flags,
+                                choice.straight_toolchain)
     timings['load'] = time.perf_counter() - t3
     model = CompiledModel(module, program, build, timings, source, optimizer=optimizer, params=params,
                           input_labels=[v.label for v in inputs], param_labels=[v.label for v in params],

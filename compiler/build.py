@@ -334,13 +334,19 @@ COMPILE_SECONDS = {('clang', '-O2'): 3.4e-4, ('clang', '-O1'): 2.4e-4, ('clang',
                    ('tcc', None): 3e-6}
 # What a build with default arguments may spend compiling straight-line code.
 COMPILE_BUDGET = 4.0
+# Straight-line statements per line of the module's part that calls them
+# (a declaration and a call per function of about 100 statements).
+STATEMENTS_PER_CALL = 50
 # Default builds, fastest code first: (compiler, level, level of the
-# straight-line parts; None: the same). The loop kernels and the module's
-# own code are a fixed couple of thousand lines, always worth optimising;
-# straight-line code gains less from -O1 than it costs (microgpt: 0.074 ms
-# a step at -O1, 0.090 at -O0, for 5.6 s of compiling against 2.5 s).
+# straight-line parts; None: the same; 'tcc': built by tcc). The loop kernels
+# and the module's own code are a fixed couple of thousand lines, always worth
+# optimising; straight-line code gains less from -O1 than it costs. microgpt,
+# 42k statements: compile 5.6 s and 0.074 ms a step at -O1; 2.5 s and 0.069 ms
+# with the straight-line parts at -O0; 1.9 s and 0.08-0.10 ms with them built
+# by tcc (whose objects link into clang's or gcc's module).
 DEFAULT_BUILDS = (('clang', '-O2', None), ('gcc', '-O3', None), ('clang', '-O1', None), ('gcc', '-O1', None),
-                  ('clang', '-O1', '-O0'), ('gcc', '-O1', '-O0'), ('tcc', None, None))
+                  ('clang', '-O1', '-O0'), ('gcc', '-O1', '-O0'), ('clang', '-O1', 'tcc'), ('gcc', '-O1', 'tcc'),
+                  ('tcc', None, None))
 
 
 def _cores():
@@ -349,7 +355,10 @@ def _cores():
 
 def compile_estimate(family, opt, statements, parts=1):
     """Seconds a build of ``statements`` straight-line statements in
-    ``parts`` translation units may take (the parts build in parallel)."""
+    ``parts`` translation units may take (the parts build in parallel);
+    ``opt='tcc'``: those parts built by tcc."""
+    if opt == 'tcc':
+        family, opt = 'tcc', None
     cost = COMPILE_SECONDS.get((family, opt if family != 'tcc' else None), 3.4e-4)
     return statements * cost / max(1, min(parts, _cores()))
 
@@ -357,13 +366,18 @@ def compile_estimate(family, opt, statements, parts=1):
 @dataclass(frozen=True)
 class Choice:
     """What ``choose_build`` chose: the compiler, its level (None: the
-    compiler's default), and the level of the straight-line parts."""
+    compiler's default), and the level of the straight-line parts (or
+    ``'tcc'``, and ``straight_toolchain`` is tcc)."""
     toolchain: 'Toolchain'
     opt: str = None
     straight_opt: str = None
+    straight_toolchain: 'Toolchain' = None
 
     def estimate(self, statements, parts):
-        return compile_estimate(self.toolchain.family, self.straight_opt or self.opt, statements, parts)
+        seconds = compile_estimate(self.toolchain.family, self.straight_opt or self.opt, statements, parts)
+        if self.straight_opt:
+            seconds += compile_estimate(self.toolchain.family, self.opt, statements / STATEMENTS_PER_CALL)
+        return seconds
 
 
 def choose_build(cc=None, opt=None, statements=0, parts=1):
@@ -371,18 +385,22 @@ def choose_build(cc=None, opt=None, statements=0, parts=1):
     The fastest code whose compile fits in ``COMPILE_BUDGET`` seconds (see
     ``DEFAULT_BUILDS``): clang -O2 or gcc -O3 for the programs the
     vectorizing pass makes small, -O1 for larger ones, then -O1 with the
-    straight-line parts at -O0, and tcc for straight-line programs of
+    straight-line parts at -O0, then built by tcc (not when ``cc`` names the
+    compiler), and tcc alone for straight-line programs of
     hundreds of thousands of statements, which the optimising compilers take
     minutes over and barely speed up. An ``opt`` given is used for every
     part."""
     def fits(family, level, straight):
-        return compile_estimate(family, straight or level, statements, parts) <= COMPILE_BUDGET
+        seconds = compile_estimate(family, straight or level, statements, parts)
+        if straight:    # the module's part declares and calls the straight-line functions, at `level`:
+            seconds += compile_estimate(family, level, statements / STATEMENTS_PER_CALL)
+        return seconds <= COMPILE_BUDGET
 
     if cc is not None or os.environ.get('CC', '').strip():
         toolchain = find_compiler(cc)
         if opt is not None or toolchain.family == 'tcc':
             return Choice(toolchain, opt)
-        builds = [b for b in DEFAULT_BUILDS if b[0] == toolchain.family]
+        builds = [b for b in DEFAULT_BUILDS if b[0] == toolchain.family and b[2] != 'tcc']
         family, level, straight = next((b for b in builds if fits(*b)), builds[-1])
         return Choice(toolchain, level, straight)
     found = {}
@@ -393,11 +411,11 @@ def choose_build(cc=None, opt=None, statements=0, parts=1):
             pass
     if not found:
         return Choice(find_compiler(None), opt)        # cc, or a clear error
-    builds = [b for b in DEFAULT_BUILDS if b[0] in found]
+    builds = [b for b in DEFAULT_BUILDS if b[0] in found and (b[2] != 'tcc' or 'tcc' in found)]
     family, level, straight = next((b for b in builds if fits(*b)), builds[-1])
     if opt is not None:
         level, straight = opt, None
-    return Choice(found[family], level, straight)
+    return Choice(found[family], level, straight, found['tcc'] if straight == 'tcc' else None)
 
 
 def _are_default_flags(toolchain, flags):
@@ -850,15 +868,18 @@ class Build:
     toolchain: Toolchain
     flags: list
     straight_flags: list = None     # the straight-line parts' flags, when not ``flags``
+    straight_toolchain: Toolchain = None    # and their compiler, when not ``toolchain``
 
     def flags_text(self):
-        """The flags, and the straight-line parts' level where it differs."""
+        """The flags, and the straight-line parts' level (or compiler) where it differs."""
         text = ' '.join(self.flags)
+        if self.straight_toolchain is not None:
+            return text + f' (straight-line parts {self.straight_toolchain.family})'
         return text + (f' (straight-line parts {self.straight_flags[0]})' if self.straight_flags else '')
 
 
 def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_dir=None, progress=None,
-                    straight_flags=None):
+                    straight_flags=None, straight_toolchain=None):
     """Compile ``source`` into a shared object, or reuse the cached one.
 
     On failure the C source is kept (its path is in the exception) and no
@@ -868,15 +889,20 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_d
     part, the parts in parallel, each part's object cached on its own (the
     loop kernels' part is the same for every program), then linked;
     ``progress(message)`` hears as each part is done. ``straight_flags``
-    replace ``flags`` for the straight-line parts (``source.straight``).
+    replace ``flags`` for the straight-line parts (``source.straight``),
+    which ``straight_toolchain`` builds when given.
     """
     flags = check_flags(flags)
-    straight_flags = check_flags(straight_flags) if straight_flags and source.parts else None
+    straight = None
+    if straight_flags and source.parts:
+        straight = (straight_toolchain or toolchain, check_flags(straight_flags))
     timeout = check_timeout(timeout)
     default = _are_default_flags(toolchain, flags)
-    key = build_key(source, toolchain, flags + (['--straight', *straight_flags] if straight_flags else []),
-                    include_dir)
-    args = (source, toolchain, flags, straight_flags, timeout, include_dir, default, progress)
+    marks = []
+    if straight:
+        marks = ['--straight', straight[0].path, straight[0].version, *straight[1]]
+    key = build_key(source, toolchain, flags + marks, include_dir)
+    args = (source, toolchain, flags, straight, timeout, include_dir, default, progress)
     cap = None if cache_disabled() else cache_max()    # a bad $MICROGRAD_CACHE_MAX is an error
     try:
         root = cache_dir()
@@ -889,26 +915,39 @@ def build_extension(source, toolchain, flags, timeout=DEFAULT_TIMEOUT, include_d
     return _build_in_temporary_folder(*args)
 
 
-def _build_in_cache(source, toolchain, flags, straight_flags, timeout, include_dir, default, progress, root,
+def _build(path, cmd, cached, temporary, toolchain, flags, straight):
+    tc, straight_flags = straight or (None, None)
+    return Build(path, cmd, cached, temporary, toolchain, flags, straight_flags,
+                 tc if tc is not None and tc != toolchain else None)
+
+
+def _link_flags(flags, straight):
+    """tcc's objects do not say that their stack need not be executable: the linker must be told."""
+    if straight and straight[0].family == 'tcc':
+        return flags + ['-Wl,-z,noexecstack']
+    return flags
+
+
+def _build_in_cache(source, toolchain, flags, straight, timeout, include_dir, default, progress, root,
                     key, cap):
     so, digest = os.path.join(root, key + '.so'), os.path.join(root, key + '.sha256')
     if _trusted(so, digest):
         touch(so)
-        return Build(so, None, True, False, toolchain, flags, straight_flags)
+        return _build(so, None, True, False, toolchain, flags, straight)
     try:
         with entry_lock(root, key):       # one process builds, the others wait and reuse
             if _trusted(so, digest):
                 touch(so)
-                return Build(so, None, True, False, toolchain, flags, straight_flags)
+                return _build(so, None, True, False, toolchain, flags, straight)
             sweep_temporaries(root, busy={key})
             src = os.path.join(root, key + '.c')
             write_atomically(src, source)
             tmp = os.path.join(root, f'.tmp-{key}-{os.getpid()}.so')
             try:
-                objects = _objects(source, toolchain, flags, straight_flags, timeout, include_dir, default,
+                objects = _objects(source, toolchain, flags, straight, timeout, include_dir, default,
                                    root, True, progress)
-                cmd = _run_compiler(toolchain, flags, src, tmp, timeout, include_dir, default,
-                                    program_hash(source), objects)
+                cmd = _run_compiler(toolchain, _link_flags(flags, straight), src, tmp, timeout, include_dir,
+                                    default, program_hash(source), objects)
                 write_atomically(digest, f'{sha256_file(tmp)} {VERIFIED}\n')
                 os.replace(tmp, so)
             finally:
@@ -918,10 +957,10 @@ def _build_in_cache(source, toolchain, flags, straight_flags, timeout, include_d
         full = is_out_of_space(e)
         raise _cache_problem(root, f"{'the disk is full' if full else _describe(e)} "
                              f"({e.filename or root})", full) from e
-    return Build(so, cmd, False, False, toolchain, flags, straight_flags)
+    return _build(so, cmd, False, False, toolchain, flags, straight)
 
 
-def _build_in_temporary_folder(source, toolchain, flags, straight_flags, timeout, include_dir, default,
+def _build_in_temporary_folder(source, toolchain, flags, straight, timeout, include_dir, default,
                                progress):
     folder = None
     try:
@@ -936,14 +975,14 @@ def _build_in_temporary_folder(source, toolchain, flags, straight_flags, timeout
         raise CacheError(f"{reason}; set TMPDIR to a writable folder, or MICROGRAD_CACHE_DIR to a "
                          "build cache folder", reason) from None
     so = os.path.join(folder, 'nn.so')
-    objects = _objects(source, toolchain, flags, straight_flags, timeout, include_dir, default, folder, False,
+    objects = _objects(source, toolchain, flags, straight, timeout, include_dir, default, folder, False,
                        progress)
-    cmd = _run_compiler(toolchain, flags, src, so, timeout, include_dir, default, program_hash(source),
-                        objects)
-    return Build(so, cmd, False, True, toolchain, flags, straight_flags)
+    cmd = _run_compiler(toolchain, _link_flags(flags, straight), src, so, timeout, include_dir, default,
+                        program_hash(source), objects)
+    return _build(so, cmd, False, True, toolchain, flags, straight)
 
 
-def _objects(source, toolchain, flags, straight_flags, timeout, include_dir, default, folder, cached,
+def _objects(source, toolchain, flags, straight, timeout, include_dir, default, folder, cached,
              progress=None):
     """The object files of ``source``'s translation units, compiled in
     parallel into ``folder`` (None for a source of one unit). ``cached``:
@@ -951,14 +990,14 @@ def _objects(source, toolchain, flags, straight_flags, timeout, include_dir, def
     parts = getattr(source, 'parts', ())
     if len(parts) <= 1:
         return None
-    straight = getattr(source, 'straight', ())
+    straight_parts = getattr(source, 'straight', ())
     jobs = []
     for name, text in parts:
-        part_flags = straight_flags if straight_flags and name in straight else flags
-        jobs.append((name, text, part_flags, build_key(text, toolchain, ['-c', *part_flags], include_dir)))
+        tc, part_flags = straight if straight and name in straight_parts else (toolchain, flags)
+        jobs.append((name, text, tc, part_flags, build_key(text, tc, ['-c', *part_flags], include_dir)))
     with concurrent.futures.ThreadPoolExecutor(max(1, min(len(jobs), _cores()))) as pool:
-        futures = [pool.submit(_compile_object, name, text, key, toolchain, part_flags, timeout, include_dir,
-                               default, folder, cached) for name, text, part_flags, key in jobs]
+        futures = [pool.submit(_compile_object, name, text, key, tc, part_flags, timeout, include_dir,
+                               default, folder, cached) for name, text, tc, part_flags, key in jobs]
         told = 0
         for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
             if progress and done * 4 // len(futures) > told:     # at each quarter

@@ -48,7 +48,8 @@ def export(model, folder):
     params = model.params()
     source = emit_module(model.program, optimizer=model.optimizer, initial_params=params.tolist())
     build = build_extension(source, model.build.toolchain, model.build.flags,
-                            straight_flags=model.build.straight_flags)
+                            straight_flags=model.build.straight_flags,
+                            straight_toolchain=model.build.straight_toolchain)
     os.makedirs(folder, exist_ok=True)
     try:
         with atomic_write(os.path.join(folder, 'nn.c'), 'w') as f:
@@ -68,6 +69,7 @@ def export(model, folder):
         'compiler': {'family': tc.family, 'version': tc.version, 'path': tc.path},
         'flags': list(model.build.flags),
         'straight_flags': list(model.build.straight_flags or model.build.flags),
+        'straight_compiler': (model.build.straight_toolchain or tc).version,
         'platform': _platform(), 'python_abi': PYTHON_ABI,
         'so_sha256': sha256_file(os.path.join(folder, SO_NAME)),
     }

@@ -4,6 +4,7 @@ whose straight-line parts have a level of their own is still exact."""
 import math
 import random
 import shutil
+import subprocess
 
 import pytest
 
@@ -43,14 +44,17 @@ def test_larger_programs_step_down_one_level_at_a_time(one_core):
     assert choice(statements=statements_for('clang', '-O1', 0.9)) == ('clang', '-O1', None)
     # too big for -O1 everywhere: the loops at -O1, the straight-line code at -O0
     assert choice(statements=statements_for('clang', '-O1', 1.5)) == ('clang', '-O1', '-O0')
-    assert choice(statements=statements_for('clang', '-O0', 0.9)) == ('clang', '-O1', '-O0')
+    assert choice(statements=statements_for('clang', '-O0', 0.5)) == ('clang', '-O1', '-O0')
 
 
 @pytest.mark.skipif(not (HAVE['clang'] and HAVE['tcc']), reason="needs clang and tcc")
-def test_a_huge_straight_line_program_goes_to_tcc(one_core):
-    # a million-op graph's backward alone is a million statements or more
-    assert choice(statements=1_000_000) == ('tcc', None, None)
-    assert choice(statements=statements_for('clang', '-O0', 1.5)) == ('tcc', None, None)
+def test_then_tcc_builds_the_straight_line_parts_and_a_huge_program_goes_to_tcc(one_core):
+    # too big for -O0: tcc builds the straight-line parts, clang the loops
+    assert choice(statements=statements_for('clang', '-O0', 1.5)) == ('clang', '-O1', 'tcc')
+    assert choose_build(statements=statements_for('clang', '-O0', 1.5)).straight_toolchain.family == 'tcc'
+    # a million-op graph's backward alone is a million statements or more: even
+    # the module's calls of them are too much for clang
+    assert choice(statements=10_000_000) == ('tcc', None, None)
 
 
 @needs_clang
@@ -66,7 +70,7 @@ def test_more_cores_fit_more(monkeypatch):
 def test_a_compiler_asked_for_keeps_its_family_and_an_opt_asked_for_is_used_everywhere(one_core):
     big = statements_for('clang', '-O1', 1.5)
     assert choice(cc='clang', statements=big) == ('clang', '-O1', '-O0')
-    assert choice(cc='clang', statements=10**7) == ('clang', '-O1', '-O0')   # never tcc when clang is asked for
+    assert choice(cc='clang', statements=10**8) == ('clang', '-O1', '-O0')   # never tcc when clang is asked for
     assert choice(cc='clang', opt='-O2', statements=big) == ('clang', '-O2', None)
     assert choice(opt='-O3', statements=big)[1:] == ('-O3', None)
 
@@ -110,3 +114,24 @@ def test_straight_line_parts_at_their_own_level_are_exact_and_named(monkeypatch,
     m1 = assert_matches_interpreter(graph, samples, [0.3, -0.7], 'clang')
     assert m1.build.path != m.build.path and m1.build.straight_flags is None
     assert m1.build.flags[0] == '-O2'
+
+
+@pytest.mark.skipif(not (HAVE['clang'] and HAVE['tcc']), reason="needs clang and tcc")
+def test_straight_line_parts_built_by_tcc_link_into_clangs_module_exactly(monkeypatch, tmp_path):
+    monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
+    monkeypatch.setattr(build, 'COMPILE_BUDGET', 1e-9)     # nothing fits but tcc's straight-line parts
+    monkeypatch.setattr(build, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('tcc', None): 0.0})
+    monkeypatch.setattr(build, 'STATEMENTS_PER_CALL', 1e15)  # and the module's part costs nothing
+    samples = [[math.sin(k + i) for i in range(8)] for k in range(3)]
+    m = assert_matches_interpreter(chain_graph(), samples, [0.3, -0.7], None)
+    assert m.build.toolchain.family == 'clang' and m.build.straight_toolchain.family == 'tcc'
+    assert '(straight-line parts tcc)' in m.summary()
+    source = m.source
+    for name, text in source.parts:
+        tc = m.build.straight_toolchain if name in source.straight else m.build.toolchain
+        flags = m.build.straight_flags if name in source.straight else m.build.flags
+        assert (tmp_path / (build.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
+    # the linker was told that tcc's objects need no executable stack
+    headers = subprocess.run(['readelf', '-lW', m.build.path], capture_output=True, text=True).stdout
+    stack = [line for line in headers.splitlines() if 'GNU_STACK' in line]
+    assert stack and 'RWE' not in stack[0], headers
