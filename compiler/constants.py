@@ -31,6 +31,11 @@ TERMS_PER_LINE = 32
 # Statements per translation unit of straight-line code: the units build in
 # parallel (and a change to one rebuilds only it).
 PART = 4000
+# At most this many units: each is a compiler process forked from Python,
+# and forking a process that holds a million-node graph costs tens of
+# milliseconds (602 units of a 2.4 M-statement program: 22 s of tcc time
+# that was mostly forking, against about 8 s in 32 units).
+MAX_PARTS = 32
 
 # Statements per generated function. clang and gcc are superlinear in the
 # size of one function; chunks of this size keep them near-linear.

@@ -8,10 +8,8 @@ import subprocess
 
 import pytest
 
-import compiler
 from compiler import build
 from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, choose_build
-from micrograd import Value
 from tests.differential import assert_matches_interpreter
 
 HAVE = {cc: bool(shutil.which(cc)) for cc in ('clang', 'gcc', 'tcc')}
@@ -135,3 +133,19 @@ def test_straight_line_parts_built_by_tcc_link_into_clangs_module_exactly(monkey
     headers = subprocess.run(['readelf', '-lW', m.build.path], capture_output=True, text=True).stdout
     stack = [line for line in headers.splitlines() if 'GNU_STACK' in line]
     assert stack and 'RWE' not in stack[0], headers
+
+
+def test_a_huge_program_is_built_in_a_bounded_number_of_parts():
+    # each part is a compiler process forked from Python: a million-statement
+    # program must not become hundreds of them
+    from compiler.codegen import _Functions
+    from compiler.constants import MAX_PARTS, PART
+    params = ('double *restrict v', 'v')
+    for n_functions, expected in ((3, 1), (40, 10), (2000, MAX_PARTS)):
+        f = _Functions()
+        for _ in range(n_functions):
+            f.define('forward', params, ['    v[1] = v[0] * v[0];'] * 1000)
+        parts = f.parts()
+        assert sum(map(len, parts)) == n_functions
+        assert len(parts) == expected if expected < MAX_PARTS else MAX_PARTS - 1 <= len(parts) <= MAX_PARTS + 1
+        assert f.statements // len(parts) >= min(PART, f.statements) or len(parts) == 1

@@ -23,7 +23,8 @@ from compiler.codegen import optimizer as optimizer_c, sums
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
-from compiler.constants import BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, PART
+from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
+                                PART)
 from compiler.ir import MatVec, Op, Sum, features, needs_grad, prefix_cuts
 from compiler.templates import read_template
 
@@ -69,10 +70,12 @@ class _Functions:
         return sum(n for n, _ in self.definitions)
 
     def parts(self):
-        """The definitions grouped into parts of about ``PART`` statements."""
+        """The definitions grouped into parts of about ``PART`` statements
+        (larger, for huge programs: at most about ``MAX_PARTS`` of them)."""
+        target = max(PART, -(-self.statements // MAX_PARTS))
         parts, current, size = [], [], 0
         for n, text in self.definitions:
-            if current and size + n > PART:
+            if current and size + n > target:
                 parts.append(current)
                 current, size = [], 0
             current.append(text)
