@@ -6,7 +6,26 @@ import numpy as np
 import compiler
 import micrograd
 from compiler import vectorize as vectorize_pass
-from micrograd import Value
+from micrograd import Value, cross_entropy
+from micrograd.nn import MLP
+
+
+def mlp_builder(sizes):
+    """``build(inputs, params)`` of ``MLP(sizes)`` with softmax cross-entropy,
+    its weights taken from ``params``; the inputs end with a one-hot label."""
+    def build(inputs, params):
+        model = MLP(sizes[0], sizes[1:], seed=0)
+        it = iter(params)
+        for layer in model.layers:
+            for n in layer.neurons:
+                n.w = [next(it) for _ in n.w]
+                n.b = next(it)
+        x = inputs[:sizes[0]]
+        for layer in model.layers:
+            x = layer(x)
+            x = x if isinstance(x, list) else [x]     # a layer of one neuron gives a Value
+        return cross_entropy(x, inputs[sizes[0]:]), x
+    return build
 
 
 # the small graph's numbers of inputs, parameters and outputs

@@ -16,9 +16,8 @@ import pytest
 
 import compiler
 from compiler.build import default_flags, find_compiler
-from micrograd import cross_entropy
-from micrograd.nn import MLP
 from tests.differential import COMPILERS, FAST_CC, assert_train_batch_matches_interpreter, compile_graph, needs_cc
+from tests.graphs import mlp_builder
 
 SPLIT_ANY_WORK = '-DMICROGRAD_MIN_WORK_PER_THREAD=0'
 THREAD_COUNTS = (1, 2, 3, 8)
@@ -34,23 +33,6 @@ SHAPES = [
     (65, 7, 64, 64),
     (1, 63, 65, 63),
 ]
-
-
-def mlp_builder(sizes):
-    """``MLP(sizes)`` with softmax cross-entropy; the inputs end with a one-hot label."""
-    def build(inputs, params):
-        model = MLP(sizes[0], sizes[1:], seed=0)
-        it = iter(params)
-        for layer in model.layers:
-            for n in layer.neurons:
-                n.w = [next(it) for _ in n.w]
-                n.b = next(it)
-        x = inputs[:sizes[0]]
-        for layer in model.layers:
-            x = layer(x)
-            x = x if isinstance(x, list) else [x]     # a layer of one neuron gives a Value
-        return cross_entropy(x, inputs[sizes[0]:]), x
-    return build
 
 
 def mlp_params(sizes, seed=1):
@@ -209,7 +191,8 @@ CANNOT_START_THREADS = textwrap.dedent("""
     import numpy as np
     sys.path[:0] = [{root!r}]
     from tests.differential import compile_graph
-    from tests.test_cores import batch, mlp_builder, mlp_params, split_flags
+    from tests.graphs import mlp_builder
+    from tests.test_cores import batch, mlp_params, split_flags
     sizes = [40, 24, 6]
     params = mlp_params(sizes)
     X = batch(40, 6, 97)
@@ -248,7 +231,8 @@ KERNELS_RUN = textwrap.dedent("""
     import hashlib, json, sys
     sys.path[:0] = [{root!r}]
     from tests.differential import compile_graph
-    from tests.test_cores import batch, mlp_builder, mlp_params, run
+    from tests.graphs import mlp_builder
+    from tests.test_cores import batch, mlp_params, run
     sizes = [70, 33, 9]
     params = mlp_params(sizes)
     import compiler

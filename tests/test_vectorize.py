@@ -8,12 +8,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import compiler
 from compiler.ir import MatVec, Op
 from compiler.vectorize import vectorize
-from micrograd import Value, cross_entropy
+from micrograd import Value
 from micrograd.nn import MLP
 from mnist_data import mnist_graph
 
 from tests.differential import (COMPILERS, assert_matches_interpreter,
                                 assert_train_batch_matches_interpreter, needs_cc, same)
+from tests.graphs import mlp_builder
 
 
 def vector_op_kinds(program):
@@ -162,20 +163,6 @@ def test_layered_graphs_match_the_interpreter(cc, vectorize_on, shape, data):
     samples = data.draw(st.lists(st.lists(values, min_size=shape[0][0], max_size=shape[0][0]),
                                  min_size=1, max_size=2))
     assert_matches_interpreter(layered_builder(shape), samples, params, cc, vectorize=vectorize_on)
-
-
-def mlp_builder(sizes):
-    """An MLP with softmax cross-entropy whose last inputs are a one-hot label."""
-    def build(inputs, params):
-        model = MLP(sizes[0], sizes[1:], seed=0)
-        it = iter(params)
-        for layer in model.layers:
-            for n in layer.neurons:
-                n.w = [next(it) for _ in n.w]
-                n.b = next(it)
-        logits = model(inputs[:sizes[0]])
-        return cross_entropy(logits, inputs[sizes[0]:]), logits
-    return build
 
 
 @needs_cc
