@@ -363,6 +363,15 @@ def compile_estimate(family, opt, statements, parts=1):
     return statements * cost / max(1, min(parts, _cores()))
 
 
+def build_estimate(family, level, straight, statements, parts=1):
+    """``compile_estimate`` of a build at ``level`` whose straight-line parts
+    are at ``straight`` (None: the same level; ``'tcc'``: built by tcc)."""
+    seconds = compile_estimate(family, straight or level, statements, parts)
+    if straight:    # the module's part declares and calls the straight-line functions, at `level`
+        seconds += compile_estimate(family, level, statements / STATEMENTS_PER_CALL)
+    return seconds
+
+
 @dataclass(frozen=True)
 class Choice:
     """What ``choose_build`` chose: the compiler, its level (None: the
@@ -374,10 +383,7 @@ class Choice:
     straight_toolchain: 'Toolchain' = None
 
     def estimate(self, statements, parts):
-        seconds = compile_estimate(self.toolchain.family, self.straight_opt or self.opt, statements, parts)
-        if self.straight_opt:
-            seconds += compile_estimate(self.toolchain.family, self.opt, statements / STATEMENTS_PER_CALL)
-        return seconds
+        return build_estimate(self.toolchain.family, self.opt, self.straight_opt, statements, parts)
 
 
 def choose_build(cc=None, opt=None, statements=0, parts=1):
@@ -391,10 +397,7 @@ def choose_build(cc=None, opt=None, statements=0, parts=1):
     minutes over and barely speed up. An ``opt`` given is used for every
     part."""
     def fits(family, level, straight):
-        seconds = compile_estimate(family, straight or level, statements, parts)
-        if straight:    # the module's part declares and calls the straight-line functions, at `level`:
-            seconds += compile_estimate(family, level, statements / STATEMENTS_PER_CALL)
-        return seconds <= COMPILE_BUDGET
+        return build_estimate(family, level, straight, statements, parts) <= COMPILE_BUDGET
 
     if cc is not None or os.environ.get('CC', '').strip():
         toolchain = find_compiler(cc)
