@@ -630,7 +630,7 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
 /* The same steps a vector of parameters at a time (the scalar loop cannot
  * be vectorised by the compiler: sqrt may set errno); returns how many were
  * done. One function per instruction set, chosen at run time. */
-#if defined(__x86_64__) && !defined(__TINYC__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(HAVE_VECTOR_LEVEL)
 #define ADAM_VECTORS 1
 #define ADAM_VECTOR_LOOP(NAME, TARGET, W, SQRT_INTRINSIC, VTYPE)                            \
     typedef double NAME##_v __attribute__((vector_size(W * 8), aligned(8)));               \
@@ -650,22 +650,8 @@ ADAM_VECTOR_LOOP(adam_sse2, "sse2", 2, _mm_sqrt_pd, __m128d)
 ADAM_VECTOR_LOOP(adam_avx, "avx", 4, _mm256_sqrt_pd, __m256d)
 ADAM_VECTOR_LOOP(adam_avx512, "avx512f", 8, _mm512_sqrt_pd, __m512d)
 
-/* 2: AVX-512, 1: AVX, 0: SSE2; $$MICROGRAD_KERNELS=base|avx2 asks for less, as for the MatVec loops */
-static int
-adam_isa(void)
-{
-    static int isa = -1;
-    if (isa < 0) {
-        const char *want = getenv("MICROGRAD_KERNELS");
-        __builtin_cpu_init();
-        isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") ? 1 : 0;
-        if (want && strcmp(want, "base") == 0)
-            isa = 0;
-        else if (want && strcmp(want, "avx2") == 0 && isa > 1)
-            isa = 1;
-    }
-    return isa;
-}
+/* vector_level(), read once when the module loads (nn_exec) */
+static int adam_level;
 #else
 #define ADAM_VECTORS 0
 #endif
@@ -704,7 +690,7 @@ optimizer_range(State *st, double lr, double divisor, double t, int j0, int j1)
     const double c1 = 1.0 - pow(OPT_BETA1, t), c2 = 1.0 - pow(OPT_BETA2, t);
     int j = j0;
 #if ADAM_VECTORS
-    switch (adam_isa()) {
+    switch (adam_level) {
     case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
     case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
     default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2, j0, j1);
@@ -732,12 +718,16 @@ optimizer_job(void *ctx, int part, int parts)
     optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
 }
 
+/* Below these sizes, waking the helpers costs more than they save. */
+#define MIN_SPLIT_PARAMS 16384      /* an optimizer step */
+#define MIN_SPLIT_CHECK 65536       /* numbers checked for inf and NaN */
+
 /* One step (on T threads), then the packed copies of the new weights. */
 static void
 optimizer_step(State *st, double lr, double divisor, int T)
 {
     OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0};
-    if (T > 1 && N_PARAM_SPAN >= 16384)
+    if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS)
         pool_run(st, optimizer_job, &o, T);
     else
         optimizer_range(st, lr, divisor, o.t, 0, N_PARAM_SPAN);
@@ -789,7 +779,7 @@ check_job(void *ctx, int part, int parts)
 static Py_ssize_t
 first_non_finite_on(State *st, const double *x, Py_ssize_t n, int T)
 {
-    if (T == 1 || n < 65536)
+    if (T == 1 || n < MIN_SPLIT_CHECK)
         return first_non_finite(x, n);
     CheckJob c;
     c.x = x;
@@ -1284,6 +1274,9 @@ nn_exec(PyObject *module)
     }
 #ifdef MV_NR
     K = mv_choose_kernels();
+#endif
+#if (OPT_KIND == OPT_ADAM || OPT_KIND == OPT_ADAMW) && ADAM_VECTORS
+    adam_level = vector_level();
 #endif
     st->threads = 1;
     st->upto = POSITIONS;

@@ -30,3 +30,24 @@
 #define NOINLINE
 #define HIDDEN
 #endif
+
+/* The widest vector instructions this CPU lets the loops use: 2 AVX-512, 1
+ * AVX2, 0 the baseline; $MICROGRAD_KERNELS=base|avx2 asks for less (every
+ * level gives the same bits). For the MatVec kernels and the optimizer. */
+#if defined(__x86_64__) && !defined(__TINYC__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_VECTOR_LEVEL 1
+__attribute__((unused)) static int
+vector_level(void)
+{
+    const char *want = getenv("MICROGRAD_KERNELS");
+    __builtin_cpu_init();
+    int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") ? 2
+              : __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (want && strcmp(want, "base") == 0)
+        level = 0;
+    else if (want && strcmp(want, "avx2") == 0 && level > 1)
+        level = 1;
+    return level;
+}
+#endif
