@@ -104,6 +104,7 @@ def test_our_rows_are_exact_at_every_thread_count(quick, build):
     assert math.isclose(row['thread_speedup'], row['train_1t']['s_per_epoch'] / row['train_all']['s_per_epoch'])
 
 
+@pytest.mark.torch
 def test_torch_starts_from_our_weights_and_ratios_are_against_it(quick):
     report, _ = quick
     rows = rows_of(report)

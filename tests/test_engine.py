@@ -285,6 +285,7 @@ except ImportError:
     pass
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
 @settings(max_examples=30, deadline=None)
 @given(xs=st.lists(st.floats(min_value=0.2, max_value=2.0), min_size=3, max_size=3))

@@ -61,6 +61,7 @@ def test_each_step_is_the_reference_formula_bit_for_bit(opt, cc):
     assert got[1:].tolist() == [x for vec in state[1:] for x in vec]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize('opt', OPTIMIZERS, ids=repr)
 def test_a_hundred_steps_stay_within_1e_12_of_torch(opt):
     torch = pytest.importorskip('torch')

@@ -298,14 +298,15 @@ def _kernels(uses_matvec):
     if not uses_matvec:
         return '', ''
     body = read_template('kernels_body.c')
+
+    def built_for(isa, level):
+        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body,
+                          '#undef MV_LEVEL', '#undef MV_ISA'])
     code = [read_template('kernels.c'),
             '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
-            '#define MV_LEVEL -1', Template(body).substitute(isa='plain'), '#undef MV_LEVEL',
-            '#else', '#if defined(__x86_64__)',
-            '#define MV_LEVEL 2', Template(body).substitute(isa='avx512'), '#undef MV_LEVEL',
-            '#define MV_LEVEL 1', Template(body).substitute(isa='avx2'), '#undef MV_LEVEL',
-            '#endif',
-            '#define MV_LEVEL 0', Template(body).substitute(isa='base'), '#undef MV_LEVEL',
+            built_for('plain', -1),
+            '#else', '#if defined(__x86_64__)', built_for('avx512', 2), built_for('avx2', 1), '#endif',
+            built_for('base', 0),
             '#endif', read_template('kernels_choose.c')]
     return read_template('kernels_api.c'), '\n'.join(code)
 

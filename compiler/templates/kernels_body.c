@@ -1,6 +1,7 @@
-/* ---- MatVec loops, built for ${isa} -----------------------------------------
+/* ---- MatVec loops, built for one instruction set -----------------------------
  *
- * MV_LEVEL (set before this section): 2 AVX-512 (one vector of 8 doubles per
+ * Included once per instruction set, with MV_ISA (the suffix of every name
+ * here: ISA(fwd_tile) is fwd_tile_avx512) and MV_LEVEL set before it: 2 AVX-512 (one vector of 8 doubles per
  * zmm register), 1 AVX2 and 0 the baseline (8 lanes as two vectors of 4:
  * gcc lowers 64-byte vectors badly without AVX-512), -1 plain C (tcc). The
  * vector code and the plain code perform the same operations in the same
@@ -26,29 +27,29 @@
 #if MV_LEVEL >= 0
 #define VEC 1
 #if MV_LEVEL == 2
-typedef double v8_${isa} __attribute__((vector_size(64), aligned(64)));
-typedef double v8u_${isa} __attribute__((vector_size(64), aligned(8)));
-#define V8 v8_${isa}
-#define LD(p) (*(const v8_${isa} *)(p))
-#define LDU(p) (*(const v8u_${isa} *)(p))
-#define ST(p, v) (*(v8_${isa} *)(p) = (v))
-#define STU(p, v) (*(v8u_${isa} *)(p) = (v))
+typedef double ISA(v8) __attribute__((vector_size(64), aligned(64)));
+typedef double ISA(v8u) __attribute__((vector_size(64), aligned(8)));
+#define V8 ISA(v8)
+#define LD(p) (*(const ISA(v8) *)(p))
+#define LDU(p) (*(const ISA(v8u) *)(p))
+#define ST(p, v) (*(ISA(v8) *)(p) = (v))
+#define STU(p, v) (*(ISA(v8u) *)(p) = (v))
 #define MULS(v, s) ((v) * (s))
 #define MADD(a, v, s) ((a) += (v) * (s))       /* a = a + (v*s): two roundings */
 #define ADDV(a, v) ((a) += (v))
 #else
-typedef double v4_${isa} __attribute__((vector_size(32), aligned(32)));
-typedef double v4u_${isa} __attribute__((vector_size(32), aligned(8)));
-typedef struct { v4_${isa} lo, hi; } v8_${isa};
-#define V8 v8_${isa}
-static inline V8 ld_${isa}(const double *p) { V8 r; r.lo = *(const v4_${isa} *)p; r.hi = *(const v4_${isa} *)(p + 4); return r; }
-static inline V8 ldu_${isa}(const double *p) { V8 r; r.lo = *(const v4u_${isa} *)p; r.hi = *(const v4u_${isa} *)(p + 4); return r; }
-static inline V8 muls_${isa}(V8 v, double s) { V8 r; r.lo = v.lo * s; r.hi = v.hi * s; return r; }
-#define LD(p) ld_${isa}(p)
-#define LDU(p) ldu_${isa}(p)
-#define ST(p, v) (*(v4_${isa} *)(p) = (v).lo, *(v4_${isa} *)((p) + 4) = (v).hi)
-#define STU(p, v) (*(v4u_${isa} *)(p) = (v).lo, *(v4u_${isa} *)((p) + 4) = (v).hi)
-#define MULS(v, s) muls_${isa}((v), (s))
+typedef double ISA(v4) __attribute__((vector_size(32), aligned(32)));
+typedef double ISA(v4u) __attribute__((vector_size(32), aligned(8)));
+typedef struct { ISA(v4) lo, hi; } ISA(v8);
+#define V8 ISA(v8)
+static inline V8 ISA(ld)(const double *p) { V8 r; r.lo = *(const ISA(v4) *)p; r.hi = *(const ISA(v4) *)(p + 4); return r; }
+static inline V8 ISA(ldu)(const double *p) { V8 r; r.lo = *(const ISA(v4u) *)p; r.hi = *(const ISA(v4u) *)(p + 4); return r; }
+static inline V8 ISA(muls)(V8 v, double s) { V8 r; r.lo = v.lo * s; r.hi = v.hi * s; return r; }
+#define LD(p) ISA(ld)(p)
+#define LDU(p) ISA(ldu)(p)
+#define ST(p, v) (*(ISA(v4) *)(p) = (v).lo, *(ISA(v4) *)((p) + 4) = (v).hi)
+#define STU(p, v) (*(ISA(v4u) *)(p) = (v).lo, *(ISA(v4u) *)((p) + 4) = (v).hi)
+#define MULS(v, s) ISA(muls)((v), (s))
 #define MADD(a, v, s) ((a).lo += (v).lo * (s), (a).hi += (v).hi * (s))
 #define ADDV(a, v) ((a).lo += (v).lo, (a).hi += (v).hi)
 #endif
@@ -71,7 +72,7 @@ static inline V8 muls_${isa}(V8 v, double s) { V8 r; r.lo = v.lo * s; r.hi = v.h
 /* The columns k >= c0 where any of the MR rows is nonzero (every column
  * unless skip), ascending, into ks; returns the count. */
 static int
-union_list_${isa}(const double *x, long ldx, int MR, int C, int c0, int skip, int *ks)
+ISA(union_list)(const double *x, long ldx, int MR, int C, int c0, int skip, int *ks)
 {
     int n = 0, k = c0;
     if (!skip) {
@@ -106,7 +107,7 @@ union_list_${isa}(const double *x, long ldx, int MR, int C, int c0, int skip, in
 /* Whether a sum starting with W[n][0] * x[0] can start at -0.0 for this
  * x[0], for some n: then that row's zeros must all be added. */
 static int
-starts_negative_zero_${isa}(double x0, int w0neg, int w0pos)
+ISA(starts_negative_zero)(double x0, int w0neg, int w0pos)
 {
     return x0 == 0.0 && (signbit(x0) ? w0pos : w0neg);
 }
@@ -114,16 +115,16 @@ starts_negative_zero_${isa}(double x0, int w0neg, int w0pos)
 /* One tile of MR rows (MV_FWD_MR, or 1 for leftover rows). start: 0 the heads
  * hp, 1 the first product (k = 0), 2 what Y holds. */
 static void
-fwd_tile_${isa}(const double *RESTRICT wp, const double *RESTRICT hp, int R, int C, int start, int skip,
+ISA(fwd_tile)(const double *RESTRICT wp, const double *RESTRICT hp, int R, int C, int start, int skip,
                 const double *X, long ldx, double *Y, long ldy, int MR, int *ks, int w0neg, int w0pos)
 {
     enum { NR = MV_NR };
     const int np = (R + NR - 1) / NR;
     if (start == 1)
         for (int m = 0; m < MR; m++)
-            if (starts_negative_zero_${isa}(X[m * ldx], w0neg, w0pos))
+            if (ISA(starts_negative_zero)(X[m * ldx], w0neg, w0pos))
                 skip = 0;
-    const int n = union_list_${isa}(X, ldx, MR, C, start == 1, skip, ks);
+    const int n = ISA(union_list)(X, ldx, MR, C, start == 1, skip, ks);
     for (int p = 0; p < np; p++) {
         const double *RESTRICT w0 = wp + (size_t)p * C * NR;
         const int e = mv_min(R - p * NR, NR);
@@ -189,7 +190,7 @@ fwd_tile_${isa}(const double *RESTRICT wp, const double *RESTRICT hp, int R, int
 }
 
 static void
-mv_fwd_${isa}(const double *wp, const double *hp, int R, int C, int start, int skip,
+ISA(mv_fwd)(const double *wp, const double *hp, int R, int C, int start, int skip,
               const double *X, long ldx, double *Y, long ldy, int r0, int r1, void *scratch)
 {
     int *ks = (int *)scratch;
@@ -202,17 +203,17 @@ mv_fwd_${isa}(const double *wp, const double *hp, int R, int C, int start, int s
         }
     int r = r0;
     for (; r + MV_FWD_MR <= r1; r += MV_FWD_MR)
-        fwd_tile_${isa}(wp, hp, R, C, start, skip, X + r * ldx, ldx, Y + r * ldy, ldy, MV_FWD_MR, ks,
+        ISA(fwd_tile)(wp, hp, R, C, start, skip, X + r * ldx, ldx, Y + r * ldy, ldy, MV_FWD_MR, ks,
                         w0neg, w0pos);
     for (; r < r1; r++)
-        fwd_tile_${isa}(wp, hp, R, C, start, skip, X + r * ldx, ldx, Y + r * ldy, ldy, 1, ks, w0neg, w0pos);
+        ISA(fwd_tile)(wp, hp, R, C, start, skip, X + r * ldx, ldx, Y + r * ldy, ldy, 1, ks, w0neg, w0pos);
 }
 
 /* Gradient of x: tiles of MR rows x 16 inputs; the neurons j (in the
  * interpreter's order) where any row's gy is nonzero are listed once, with
  * the rows' gy values gathered. */
 static void
-bgx_tile_${isa}(const double *RESTRICT wq, const int *perm, int R, int C, int skip, const double *GY,
+ISA(bgx_tile)(const double *RESTRICT wq, const int *perm, int R, int C, int skip, const double *GY,
                 long ldgy, double *GX, long ldgx, int MR, int *js, double *gs)
 {
     enum { NK = MV_BGX_NK };
@@ -287,16 +288,16 @@ bgx_tile_${isa}(const double *RESTRICT wq, const int *perm, int R, int C, int sk
 }
 
 static void
-mv_bgx_${isa}(const double *wq, const int *perm, int R, int C, int skip, const double *GY, long ldgy,
+ISA(mv_bgx)(const double *wq, const int *perm, int R, int C, int skip, const double *GY, long ldgy,
               double *GX, long ldgx, int r0, int r1, void *scratch)
 {
     int *js = (int *)scratch;
     double *gs = (double *)((char *)scratch + mv_align64(sizeof(int) * (R + 16)));
     int r = r0;
     for (; r + MV_BGX_MR <= r1; r += MV_BGX_MR)
-        bgx_tile_${isa}(wq, perm, R, C, skip, GY + r * ldgy, ldgy, GX + r * ldgx, ldgx, MV_BGX_MR, js, gs);
+        ISA(bgx_tile)(wq, perm, R, C, skip, GY + r * ldgy, ldgy, GX + r * ldgx, ldgx, MV_BGX_MR, js, gs);
     for (; r < r1; r++)
-        bgx_tile_${isa}(wq, perm, R, C, skip, GY + r * ldgy, ldgy, GX + r * ldgx, ldgx, 1, js, gs);
+        ISA(bgx_tile)(wq, perm, R, C, skip, GY + r * ldgy, ldgy, GX + r * ldgx, ldgx, 1, js, gs);
 }
 
 /* Gradient of W: GW[k*ldgw + n] += x_i[k] * gy_i[n] over the virtual rows
@@ -307,7 +308,7 @@ mv_bgx_${isa}(const double *wq, const int *perm, int R, int C, int skip, const d
  * every 16-neuron panel p0 <= p < p1 then runs over that list. gy rows have
  * room for round16(R) values, zero past R. */
 static void
-mv_bgw_${isa}(int R, int C, int n_rows, const double *const *xrow, const double *const *gyrow, double *GW,
+ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *const *gyrow, double *GW,
               long ldgw, const int *groups, int g0, int g1, int p0, int p1, void *scratch)
 {
     enum { MK = MV_BGW_MK, NR = MV_NR };
@@ -400,7 +401,7 @@ mv_bgw_${isa}(int R, int C, int n_rows, const double *const *xrow, const double 
 /* Gradient of the heads: GH[n] += gy_i[n] over the virtual rows in order;
  * 64 running sums at a time. */
 static void
-mv_bgh_${isa}(int R, int n_rows, const double *const *gyrow, double *GH)
+ISA(mv_bgh)(int R, int n_rows, const double *const *gyrow, double *GH)
 {
     for (int n0 = 0; n0 < R; n0 += 64) {
         const int e = mv_min(R - n0, 64);
@@ -429,7 +430,7 @@ mv_bgh_${isa}(int R, int n_rows, const double *const *gyrow, double *GH)
     }
 }
 
-static const MatVecKernels kernels_${isa} = {"${isa}", mv_fwd_${isa}, mv_bgx_${isa}, mv_bgw_${isa}, mv_bgh_${isa}};
+static const MatVecKernels ISA(kernels) = {MV_STR(MV_ISA), ISA(mv_fwd), ISA(mv_bgx), ISA(mv_bgw), ISA(mv_bgh)};
 
 #undef VEC
 #undef V8

@@ -1,5 +1,13 @@
 /* ---- the loop kernels: what every instruction set shares ------------------ */
 
+/* The loops of kernels_body.c are built once per instruction set, each name
+ * with that set's suffix: ISA(fwd_tile) is fwd_tile_avx512 under MV_ISA avx512. */
+#define MV_PASTE_(a, b) a##_##b
+#define MV_PASTE(a, b) MV_PASTE_(a, b)
+#define ISA(name) MV_PASTE(name, MV_ISA)
+#define MV_STR_(x) #x
+#define MV_STR(x) MV_STR_(x)
+
 static size_t mv_align64(size_t n) { return (n + 63) & ~(size_t)63; }
 static int mv_min(int a, int b) { return a < b ? a : b; }
 

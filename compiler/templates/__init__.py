@@ -1,0 +1,10 @@
+"""The fixed C of the generated ``nn`` extension module, as files next to
+this one (found from the package itself, so a checkout runs without an
+install); ``compiler/codegen`` fills their ``${placeholders}``.
+"""
+from importlib.resources import files
+
+
+def read_template(name):
+    """The text of the template file ``name`` (e.g. ``'module.c'``)."""
+    return files(__name__).joinpath(name).read_text()
