@@ -119,6 +119,19 @@ def _mismatch(folder, info):
     return f'{SO_NAME}: {problem}' if problem else None
 
 
+def _load_shipped(folder, info):
+    """The export's own shared object as a module, exactly the bytes nn.json
+    describes: (module, None), or (None, what is wrong)."""
+    try:
+        module = load_module(os.path.join(folder, SO_NAME), sha256=info['so_sha256'])
+    except ChangedFile:
+        return None, f'{SO_NAME} changed while it was being loaded'
+    got = getattr(module, 'program_hash', None)
+    if got != info['program_hash']:
+        return None, f"{SO_NAME} reports program_hash {got}, nn.json {info['program_hash']}"
+    return module, None
+
+
 def load(folder, cc=None, threads=None):
     """A ``CompiledModel`` from an exported folder (no graph needed).
 
@@ -137,16 +150,8 @@ def load(folder, cc=None, threads=None):
     problem = _mismatch(folder, info)
     build = None
     if problem is None:
-        try:
-            module = load_module(os.path.join(folder, SO_NAME), sha256=info['so_sha256'])
-        except ChangedFile:
-            module, problem = None, f'{SO_NAME} changed while it was being loaded'
-        if problem is not None:
-            pass
-        elif getattr(module, 'program_hash', None) != info['program_hash']:
-            problem = (f"{SO_NAME} reports program_hash {getattr(module, 'program_hash', None)}, "
-                       f"nn.json {info['program_hash']}")
-        else:
+        module, problem = _load_shipped(folder, info)
+        if problem is None:
             build = Build(os.path.join(folder, SO_NAME), None, True, False, None, info['flags'],
                           sha256=info['so_sha256'])
     source_path = os.path.join(folder, 'nn.c')

@@ -1,5 +1,5 @@
 """compiler/files.py: the project's one atomic write (its modes under a umask,
-through symlinks), file hash and cache root. Real files."""
+through symlinks), file hash, and the cache root (compiler/build/cache.py). Real files."""
 import hashlib
 import os
 import stat
