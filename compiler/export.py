@@ -152,8 +152,8 @@ def load(folder, cc=None, threads=None):
     if problem is None:
         module, problem = _load_shipped(folder, info)
         if problem is None:
-            build = Build(os.path.join(folder, SO_NAME), None, True, False, None, info['flags'],
-                          sha256=info['so_sha256'])
+            build = Build(os.path.join(folder, SO_NAME), cmd=None, cached=True, temporary=False,
+                          toolchain=None, flags=info['flags'], sha256=info['so_sha256'])
     source_path = os.path.join(folder, 'nn.c')
     try:
         with open(source_path) as f:
