@@ -47,6 +47,8 @@ from compiler.build.toolchain import native_target, python_include, wants_native
 from compiler.build.verify import elf_problem
 from compiler.files import remove_if_present, sha256_file, write_atomically
 
+# -- the folder ------------------------------------------------------------------------
+
 CACHE_FOLDER_NAME = 'micrograd-compiler'
 
 
@@ -60,6 +62,27 @@ def cache_root():
     """The folder for builds and downloads: ``$MICROGRAD_CACHE_DIR`` if set, else
     ``default_cache_root()``. Not created here."""
     return os.environ.get('MICROGRAD_CACHE_DIR') or default_cache_root()
+
+
+DEFAULT_CACHE_MAX = 1 << 30          # 1 GiB
+SIZE_UNITS = {'': 1, 'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
+
+
+def parse_size(text):
+    """Bytes from ``'123'``, ``'500M'``, ``'2G'``, ``'1.5GiB'``, ``'64kb'``
+    (units are powers of 1024, any case); ``ValueError`` otherwise."""
+    m = re.fullmatch(r'\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*', str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (a number of bytes, or with K, M, G or T: '500M', '2G')")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
+
+
+def format_size(n):
+    """``n`` bytes for people: ``512 B``, ``1.5 KiB``, ``500.0 MiB``, ``2.0 GiB``."""
+    for unit in ('B', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB':
+            return f'{n} B' if unit == 'B' else f'{n:.1f} {unit}'
+        n /= 1024
 
 
 CACHE_OFF = ('0', 'false', 'no', 'off')
@@ -159,6 +182,8 @@ def warn_fallback(problem):
                   "without a cache and without this warning)", UserWarning, stacklevel=4)
 
 
+# -- keys --------------------------------------------------------------------------------
+
 def build_key(source, toolchain, flags, include_dir=None):
     """The cache key: a hash of the compiler's path, version and leading
     arguments, each flag (and, for ``-march=native``, what it resolves to
@@ -191,27 +216,6 @@ def touch(path):
 KEY = re.compile(r'[0-9a-f]{32}')
 ENTRY_FILE = re.compile(r'([0-9a-f]{32})\.(so|o|sha256|c|lock)')
 TEMPORARY = re.compile(r'\..*?([0-9a-f]{32})')
-DEFAULT_CACHE_MAX = 1 << 30          # 1 GiB
-SIZE_UNITS = {'': 1, 'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
-
-
-def parse_size(text):
-    """Bytes from ``'123'``, ``'500M'``, ``'2G'``, ``'1.5GiB'``, ``'64kb'``
-    (units are powers of 1024, any case); ``ValueError`` otherwise."""
-    m = re.fullmatch(r'\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*', str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (a number of bytes, or with K, M, G or T: '500M', '2G')")
-    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
-
-
-def format_size(n):
-    """``n`` bytes for people: ``512 B``, ``1.5 KiB``, ``500.0 MiB``, ``2.0 GiB``."""
-    for unit in ('B', 'KiB', 'MiB', 'GiB'):
-        if n < 1024 or unit == 'GiB':
-            return f'{n} B' if unit == 'B' else f'{n:.1f} {unit}'
-        n /= 1024
-
-
 @dataclass
 class CacheEntry:
     key: str
@@ -396,6 +400,8 @@ def discard_entry(path):
         raise cache_problem(root, f"its damaged entry {name} cannot be removed "
                              f"({describe(e)})") from None
 
+
+# -- the disk ----------------------------------------------------------------------------
 
 def disk_is_full(path, margin=1 << 20):
     """The file system holding ``path`` has less than ``margin`` bytes free."""
