@@ -9,8 +9,9 @@ import subprocess
 import pytest
 
 from compiler.build import cache, choice as choosing
-from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, choose_build
-from tests.differential import assert_matches_interpreter
+from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, BuildRequest, build_extension, choose_build, plan
+from tests.differential import FAST_CC, assert_matches_interpreter
+from tests.test_build import compile_tiny
 
 HAVE = {cc: bool(shutil.which(cc)) for cc in ('clang', 'gcc', 'tcc')}
 needs_clang = pytest.mark.skipif(not HAVE['clang'], reason="clang is not installed")
@@ -149,3 +150,19 @@ def test_a_huge_program_is_built_in_a_bounded_number_of_parts():
         assert sum(map(len, parts)) == n_functions
         assert len(parts) == expected if expected < MAX_PARTS else MAX_PARTS - 1 <= len(parts) <= MAX_PARTS + 1
         assert f.statements // len(parts) >= min(PART, f.statements) or len(parts) == 1
+
+
+def test_plan_is_the_request_compile_builds(tmp_path, monkeypatch):
+    """``compile()`` decides nothing about flags: ``plan`` does, and its
+    request is what gets built."""
+    monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
+    m = compile_tiny(cc=FAST_CC, opt=None)
+    request = plan(m.source, cc=FAST_CC)
+    assert isinstance(request, BuildRequest) and request.default and request.timeout > 0
+    assert list(request.flags) == m.build.flags and request.toolchain == m.build.toolchain
+    again = build_extension(request)
+    assert again.cached and again.path == m.build.path and again.sha256 == m.build.sha256
+    with pytest.raises(TypeError, match='in the request'):
+        build_extension(request, flags=['-O1'])
+    with pytest.raises(ValueError, match='-Ofast'):
+        plan(request.source, cc=FAST_CC, opt='-Ofast', flags=['-O1'])   # refused even with flags=

@@ -60,8 +60,8 @@ def _cached(root, key, suffix, text, make):
     """The entry ``KEY.suffix`` of the cache folder ``root``: reused when it is
     trusted, else built under its lock by ``make(source_path, out_path)``
     (which checks what it built) from the source ``text``, recorded and
-    renamed into place. Returns (path, checksum, built: whether ``make``
-    ran, and its result)."""
+    renamed into place. Returns (path, checksum, what ``make`` returned:
+    None when the entry was reused)."""
     out, digest = os.path.join(root, key + suffix), os.path.join(root, key + '.sha256')
     checksum = trusted(out, digest)
     if checksum:
