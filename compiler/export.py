@@ -192,8 +192,8 @@ def rebuild(folder, info, source, cc=None, why='it must be rebuilt'):
     way. Another compiler than the recorded one gets its default flags at
     the recorded level. ``why``: what was wrong with the shared object."""
     recorded = info.get('compiler') if isinstance(info.get('compiler'), dict) else {}
-    flags, version = list(info['flags']), recorded.get('version')
-    straight_flags = list(info.get('straight_flags') or flags)
+    flags, version = _flags(folder, info, 'flags'), recorded.get('version')
+    straight_flags = _flags(folder, info, 'straight_flags') if info.get('straight_flags') else flags
     straight_version = info.get('straight_compiler') or version
     if (straight_flags, straight_version) != (flags, version):
         flags, version = straight_flags, straight_version
@@ -209,6 +209,13 @@ def rebuild(folder, info, source, cc=None, why='it must be rebuilt'):
         level = next((f for f in flags if f in OPT_LEVELS), None)
         flags = default_flags(toolchain, level, native='-march=native' in flags)
     return build_extension(BuildRequest.of(source, toolchain, flags))
+
+
+def _flags(folder, info, key):
+    flags = info[key]
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ExportError(f"{os.path.join(folder, 'nn.json')}: {key} must be a list of strings, not {flags!r}")
+    return list(flags)
 
 
 def _installed(version):

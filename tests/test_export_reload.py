@@ -159,3 +159,13 @@ def test_after_a_rebuild_the_build_path_is_a_file_or_none(tmp_path, monkeypatch,
     assert (loaded.build.path is None) == (cache == '0')
     assert m.build.path is None or os.path.isfile(m.build.path)     # compile's build too
     assert np.array_equal(loaded.predict(X), m.predict(X))
+
+
+def test_recorded_flags_that_are_not_a_list_of_strings_are_named(tmp_path):
+    loss, inputs, params, outputs = small_mlp()
+    m = compiler.compile(loss, inputs, params, outputs, cc=FAST_CC)
+    info = without_so(m, tmp_path / 'model')
+    info['flags'] = '-O2 -shared'
+    (tmp_path / 'model' / 'nn.json').write_text(json.dumps(info))
+    with pytest.raises(compiler.ExportError, match='flags must be a list of strings'):
+        compiler.load(tmp_path / 'model')
