@@ -47,7 +47,8 @@ from compiler.cli import (EXIT_ERROR, OutputPathError, ProgressBar, ProgressLine
                           check_can_create_files, check_output_path, compile_line, exit_status,
                           number, run_cli, same_file, stop_on_signals)
 from compiler.export import SO_NAME
-from compiler.files import atomic_write, cache_root
+from compiler.build.cache import cache_root
+from compiler.files import atomic_write
 from compiler.model import MAX_THREADS, resolve_threads
 from mnist_data import N_CLASSES, N_PIXELS, input_rows, mnist_graph
 # Train accuracy is measured on at most this many training images (the first

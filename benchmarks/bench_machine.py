@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import compiler
+from compiler.build.process import usable_cores   # the cores compiler.compile's threads default to
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLCHAINS = ('tcc', 'clang', 'gcc')
@@ -34,11 +35,6 @@ def cpu_flags(wanted=('avx2', 'fma', 'avx512f')):
 def mem_total_gb():
     kb = proc_field('/proc/meminfo', 'MemTotal:')
     return round(int(kb.split()[0]) / 2**20, 1) if kb else None
-
-
-def usable_cores():
-    """The cores this process may use (what ``compiler.compile`` defaults to)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
 
 def git_commit():

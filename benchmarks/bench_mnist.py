@@ -50,7 +50,7 @@ from benchmarks.bench_machine import machine, usable_cores  # noqa: E402
 from benchmarks.bench_systems import (BUILDS, MIN_PREDICT_PASS_S, KINDS, compiler_installed,  # noqa: E402
                                       load_rows, merge_rounds, model_sizes, row, run_interpreter,
                                       run_system, unsupported_kwargs)
-from compiler.files import kill_process_group  # noqa: E402
+from compiler.build.process import kill_process_group  # noqa: E402
 
 MODELS = ('784-50-10', '784-128-10', '784-256-128-10')
 DEFAULT_BUILDS = ('clang', 'gcc')

@@ -11,14 +11,15 @@ cached), ``load`` (shared object -> module). Each stage imports only the
 stages before it.
 """
 import contextlib
+import dataclasses
 import gc
 import os
 import time
 import warnings
 
 from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
-                            HeadersNotFound, DEFAULT_TIMEOUT, build_extension,
-                            default_flags, find_compiler)
+                            HeadersNotFound, DEFAULT_TIMEOUT, build_extension, discard_entry,
+                            find_compiler, plan, program_hash)
 from compiler.codegen import emit_module
 from compiler.ir import MatVec, Op, Program, Sum, inputs_used
 from compiler.load import load_module
@@ -84,51 +85,12 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         source = emit_module(program, optimizer=optimizer)
         t2 = time.perf_counter()
         timings['codegen'] = t2 - t1
-    from compiler.build import (check_flags, check_opt, choose_build, discard_entry,
-                                program_hash)
-    check_opt(opt)          # 'O2' or '-Ofast' is refused even when flags= makes it unused
-    choice = choose_build(cc, opt, source.statements, len(source.parts))
-    toolchain = choice.toolchain
-    straight_flags = None
-    if flags is not None:
-        flags = check_flags(flags)
-    else:
-        flags = default_flags(toolchain, choice.opt, native)
-        if choice.straight_toolchain is not None:
-            straight_flags = default_flags(choice.straight_toolchain)
-        elif choice.straight_opt:
-            straight_flags = default_flags(toolchain, choice.straight_opt, native)
-    expected = choice.estimate(source.statements, len(source.parts))
-    if progress and expected > 2.0:
-        progress(f"compiling {source.statements:,} statements in {len(source.parts)} parts with "
-                 f"{toolchain.family} {' '.join(flags[:1])}: about {expected:.0f} s")
-    else:
-        progress = None
-    build = build_extension(source, toolchain, flags, timeout, include_dir, progress, straight_flags,
-                            choice.straight_toolchain)
+    request = plan(source, cc=cc, opt=opt, flags=flags, native=native, timeout=timeout,
+                   include_dir=include_dir, progress=progress)
+    build = build_extension(request)
     t3 = time.perf_counter()
     timings['compile'] = t3 - t2
-    # The module must be the program just compiled: a cache entry replaced by
-    # another graph's object (and its checksum) is discarded and rebuilt once.
-    for attempt in (1, 2):
-        try:
-            module = load_module(build.path)
-            got, expected = getattr(module, 'program_hash', None), program_hash(source)
-            problem = None if got == expected else (f"it reports program_hash {got}, but the "
-                                                    f"program compiled has {expected}")
-        except (ImportError, OSError) as e:
-            problem = f"it does not load ({e})"
-        finally:
-            if build.temporary:
-                _remove_build_dir(build.path)
-        if problem is None:
-            break
-        if not build.cached or attempt == 2:
-            raise BuildError(f"the shared object {build.path} cannot be used: {problem}",
-                             cmd=build.cmd)
-        discard_entry(build.path)
-        build = build_extension(source, toolchain, flags, timeout, include_dir, None, straight_flags,
-                                choice.straight_toolchain)
+    module, build = _load_built(request, build)
     timings['load'] = time.perf_counter() - t3
     model = CompiledModel(module, program, build, timings, source, optimizer=optimizer, params=params,
                           input_labels=[v.label for v in inputs], param_labels=[v.label for v in params],
@@ -191,6 +153,30 @@ def _cyclic_gc_paused():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _load_built(request, build):
+    """The module of ``build`` and the ``Build`` it came from. The module must
+    be the program just compiled: a cache entry replaced by another graph's
+    object (and its checksum) is discarded and built once more."""
+    for attempt in (1, 2):
+        try:
+            module = load_module(build.path, sha256=build.sha256)
+            got, expected = getattr(module, 'program_hash', None), program_hash(request.source)
+            problem = None if got == expected else (f"it reports program_hash {got}, but the "
+                                                    f"program compiled has {expected}")
+        except (ImportError, OSError) as e:
+            problem = f"it does not load ({e})"
+        finally:
+            if build.temporary:
+                _remove_build_dir(build.path)
+        if problem is None:
+            return module, (dataclasses.replace(build, path=None) if build.temporary else build)
+        if not build.cached or attempt == 2:
+            raise BuildError(f"the shared object {build.path} cannot be used: {problem}",
+                             cmd=build.cmd)
+        discard_entry(build.path)
+        build = build_extension(dataclasses.replace(request, progress=None))
 
 
 def _remove_build_dir(so_path):

@@ -13,8 +13,9 @@ import importlib.util
 import os
 import sys
 
-from compiler.build import BuildError, cache_chosen, cache_disabled, cache_max
-from compiler.files import cache_entries, cache_root, clear_cache, format_size
+from compiler.build import BuildError
+from compiler.build.cache import (cache_chosen, cache_disabled, cache_entries, cache_max, cache_root, clear_cache,
+                                  format_size)
 
 
 def add_cache(subparsers):

@@ -15,17 +15,18 @@ works from, with neither ``micrograd`` nor ``compiler`` installed.
 ``nn.json`` against the shared object and rebuilding it from ``nn.c`` when it
 does not fit this interpreter and a C compiler is present.
 """
+import dataclasses
 import json
 import os
 import platform
 import shutil
 import sys
 
-from compiler.build import (BuildError, Build, build_extension, default_flags, elf_problem,
-                            find_compiler, program_hash)
+from compiler.build import (OPT_LEVELS, BuildError, Build, BuildRequest, build_extension, default_flags,
+                            elf_problem, find_compiler, program_hash)
 from compiler.codegen import GENERATOR_VERSION, emit_module
 from compiler.files import atomic_write, sha256_file
-from compiler.load import load_module
+from compiler.load import ChangedFile, load_module
 
 FORMAT = 1
 SO_NAME = 'nn.abi3.so'
@@ -118,26 +119,41 @@ def _mismatch(folder, info):
     return f'{SO_NAME}: {problem}' if problem else None
 
 
+def _load_shipped(folder, info):
+    """The export's own shared object as a module, exactly the bytes nn.json
+    describes: (module, None), or (None, what is wrong)."""
+    try:
+        module = load_module(os.path.join(folder, SO_NAME), sha256=info['so_sha256'])
+    except ChangedFile:
+        return None, f'{SO_NAME} changed while it was being loaded'
+    got = getattr(module, 'program_hash', None)
+    if got != info['program_hash']:
+        return None, f"{SO_NAME} reports program_hash {got}, nn.json {info['program_hash']}"
+    return module, None
+
+
 def load(folder, cc=None, threads=None):
     """A ``CompiledModel`` from an exported folder (no graph needed).
 
     The shared object is checked against ``nn.json`` (checksum, platform,
     Python ABI, and after loading its ``program_hash``); when it does not
-    fit and a C compiler is found (``cc``, ``$CC`` or the best installed),
-    it is rebuilt from ``nn.c`` (whose own ``program_hash`` must match) into
-    the build cache. Otherwise ``ExportError`` says what does not match.
+    fit and a C compiler is found (``cc``, ``$CC``, else the one the export
+    was built with, else the best installed), it is rebuilt from ``nn.c``
+    (whose own ``program_hash`` must match) into the build cache, as the
+    export was built (``rebuild``). Otherwise ``ExportError`` says what does
+    not match. The module loaded is always the bytes that were checked
+    (``load_module`` with their checksum), never code an earlier ``import
+    nn`` of the folder left open.
     """
     from compiler.model import CompiledModel, resolve_threads
     info = read_info(folder)
     problem = _mismatch(folder, info)
     build = None
     if problem is None:
-        module = load_module(os.path.join(folder, SO_NAME))
-        if getattr(module, 'program_hash', None) != info['program_hash']:
-            problem = (f"{SO_NAME} reports program_hash {getattr(module, 'program_hash', None)}, "
-                       f"nn.json {info['program_hash']}")
-        else:
-            build = Build(os.path.join(folder, SO_NAME), None, True, False, None, info['flags'])
+        module, problem = _load_shipped(folder, info)
+        if problem is None:
+            build = Build(os.path.join(folder, SO_NAME), cmd=None, cached=True, temporary=False,
+                          toolchain=None, flags=info['flags'], sha256=info['so_sha256'])
     source_path = os.path.join(folder, 'nn.c')
     try:
         with open(source_path) as f:
@@ -150,17 +166,73 @@ def load(folder, cc=None, threads=None):
         if program_hash(source) != info['program_hash']:
             raise ExportError(f"{folder}: {problem}, and nn.c is not the program nn.json describes "
                               f"(program_hash {program_hash(source)} != {info['program_hash']})")
+        build = rebuild(folder, info, source, cc, why=problem)
         try:
-            toolchain = find_compiler(cc)
-        except BuildError as e:
-            raise ExportError(f"{folder}: {problem}; rebuilding it from nn.c needs a C compiler: "
-                              f"{str(e).splitlines()[0]}") from None
-        build = build_extension(source, toolchain, default_flags(toolchain))
-        module = load_module(build.path)
-        if build.temporary:
-            shutil.rmtree(os.path.dirname(build.path), ignore_errors=True)
+            module = load_module(build.path, sha256=build.sha256)
+        finally:
+            if build.temporary:
+                shutil.rmtree(os.path.dirname(build.path), ignore_errors=True)
+        if build.temporary:       # nothing is left to point to
+            build = dataclasses.replace(build, path=None)
     model = CompiledModel(module, None, build, {}, source, input_labels=info['input_labels'],
                           param_labels=info['param_labels'])
     model.export_info = info
     model.threads = resolve_threads(threads)
     return model
+
+
+def rebuild(folder, info, source, cc=None, why='it must be rebuilt'):
+    """The ``Build`` of the export's ``nn.c`` (``source``), built as nn.json
+    says the export was: its compiler (``cc``, else ``$CC``, else the
+    recorded one when it is on ``PATH``) and flags. ``nn.c`` is one
+    translation unit; when the export's build compiled its straight-line
+    parts otherwise (at a lower level, or with tcc: the size-aware choice of
+    ``compiler.build.choose_build``, which keeps a large program's compile
+    time in budget), those parts are most of it, so all of it is built that
+    way. Another compiler than the recorded one gets its default flags at
+    the recorded level. ``why``: what was wrong with the shared object."""
+    recorded = info.get('compiler') if isinstance(info.get('compiler'), dict) else {}
+    flags, version = _flags(folder, info, 'flags'), recorded.get('version')
+    straight_flags = _flags(folder, info, 'straight_flags') if info.get('straight_flags') else flags
+    straight_version = info.get('straight_compiler') or version
+    if (straight_flags, straight_version) != (flags, version):
+        flags, version = straight_flags, straight_version
+    try:
+        if cc is not None or os.environ.get('CC', '').strip():
+            toolchain = find_compiler(cc)
+        else:
+            toolchain = _installed(version)
+    except BuildError as e:
+        raise ExportError(f"{folder}: {why}; rebuilding it from nn.c needs a C compiler: "
+                          f"{str(e).splitlines()[0]}") from None
+    if toolchain.version != version:
+        level = next((f for f in flags if f in OPT_LEVELS), None)
+        flags = default_flags(toolchain, level, native='-march=native' in flags)
+    return build_extension(BuildRequest.of(source, toolchain, flags))
+
+
+def _flags(folder, info, key):
+    flags = info[key]
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ExportError(f"{os.path.join(folder, 'nn.json')}: {key} must be a list of strings, not {flags!r}")
+    return list(flags)
+
+
+def _installed(version):
+    """The compiler on ``PATH`` whose version text is ``version``, else one of
+    the same family, else the best installed."""
+    found = []
+    for name in ('clang', 'gcc', 'tcc'):
+        try:
+            found.append(find_compiler(name))
+        except BuildError:
+            pass
+    for toolchain in found:
+        if toolchain.version == version:
+            return toolchain
+    words = set((version or '').split())        # 'Debian clang version 14.0.6', 'gcc (Debian 12.2.0-14) 12.2.0'
+    for toolchain in found:
+        if toolchain.family in words:
+            return toolchain
+    return found[0] if found else find_compiler(None)
+

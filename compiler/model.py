@@ -4,6 +4,7 @@ import os
 import numpy as np
 
 from compiler import weights as weights_file
+from compiler.build.process import usable_cores
 from compiler.ir import features
 
 
@@ -197,7 +198,7 @@ def resolve_threads(threads):
             except ValueError:
                 raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
         else:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+            threads = usable_cores()
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, not {type(threads).__name__}")
     if not 1 <= threads <= MAX_THREADS:

@@ -323,7 +323,7 @@ def test_the_build_key_changes_with_everything_that_decides_the_binary(monkeypat
         'include folder': build_key(source, tc, flags, include_dir='/opt/python3.13/include'),
     }
     real = sysconfig.get_config_var
-    monkeypatch.setattr(build.sysconfig, 'get_config_var',
+    monkeypatch.setattr(build.cache.sysconfig, 'get_config_var',
                         lambda name: '.cpython-313-x86_64-linux-gnu.so' if name == 'EXT_SUFFIX' else real(name))
     variants['extension suffix'] = build_key(source, tc, flags)
     keys = list(variants.values())

@@ -160,13 +160,13 @@ def test_import_compiler_survives_a_bad_cc_timeout_in_the_environment():
 def test_a_bad_cc_timeout_in_the_environment_warns_and_keeps_the_default(value, monkeypatch):
     monkeypatch.setenv('MICROGRAD_CC_TIMEOUT', value)
     with pytest.warns(UserWarning, match='MICROGRAD_CC_TIMEOUT'):
-        assert build._timeout_from_environment() == 600
+        assert build.flags._timeout_from_environment() == 600
 
 
 @pytest.mark.parametrize('value, seconds', [('30', 30), (' 2.5 ', 2.5), ('inf', math.inf), ('', 600)])
 def test_a_good_cc_timeout_in_the_environment_is_used(value, seconds, monkeypatch, recwarn):
     monkeypatch.setenv('MICROGRAD_CC_TIMEOUT', value)
-    assert build._timeout_from_environment() == seconds
+    assert build.flags._timeout_from_environment() == seconds
     assert not recwarn.list
 
 

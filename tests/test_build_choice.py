@@ -8,9 +8,10 @@ import subprocess
 
 import pytest
 
-from compiler import build
-from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, choose_build
-from tests.differential import assert_matches_interpreter
+from compiler.build import cache, choice as choosing
+from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, BuildRequest, build_extension, choose_build, plan
+from tests.differential import FAST_CC, assert_matches_interpreter
+from tests.test_build import compile_tiny
 
 HAVE = {cc: bool(shutil.which(cc)) for cc in ('clang', 'gcc', 'tcc')}
 needs_clang = pytest.mark.skipif(not HAVE['clang'], reason="clang is not installed")
@@ -19,7 +20,7 @@ needs_clang = pytest.mark.skipif(not HAVE['clang'], reason="clang is not install
 @pytest.fixture
 def one_core(monkeypatch):
     """Estimates divide by the cores: fix them, so that the sizes below mean the same everywhere."""
-    monkeypatch.setattr(build, '_cores', lambda: 1)
+    monkeypatch.setattr(choosing, 'usable_cores', lambda: 1)
 
 
 def statements_for(family, level, share):
@@ -58,9 +59,9 @@ def test_then_tcc_builds_the_straight_line_parts_and_a_huge_program_goes_to_tcc(
 @needs_clang
 def test_more_cores_fit_more(monkeypatch):
     size = statements_for('clang', '-O1', 1.5)
-    monkeypatch.setattr(build, '_cores', lambda: 1)
+    monkeypatch.setattr(choosing, 'usable_cores', lambda: 1)
     assert choice(statements=size, parts=4) == ('clang', '-O1', '-O0')
-    monkeypatch.setattr(build, '_cores', lambda: 4)
+    monkeypatch.setattr(choosing, 'usable_cores', lambda: 4)
     assert choice(statements=size, parts=4)[2] is None       # every part optimised
 
 
@@ -94,8 +95,8 @@ def chain_graph(n_inputs=8, n_ops=3000, seed=5):
 def test_straight_line_parts_at_their_own_level_are_exact_and_named(monkeypatch, tmp_path):
     monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
     # a budget this program just misses at -O1: the straight-line parts go to -O0
-    monkeypatch.setattr(build, 'COMPILE_BUDGET', 1e-9)
-    monkeypatch.setattr(build, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('clang', '-O0'): 0.0})
+    monkeypatch.setattr(choosing, 'COMPILE_BUDGET', 1e-9)
+    monkeypatch.setattr(choosing, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('clang', '-O0'): 0.0})
     graph = chain_graph()
     samples = [[math.sin(k + i) for i in range(8)] for k in range(3)]
     m = assert_matches_interpreter(graph, samples, [0.3, -0.7], 'clang')
@@ -105,10 +106,10 @@ def test_straight_line_parts_at_their_own_level_are_exact_and_named(monkeypatch,
     assert source.straight and set(source.straight) < {name for name, _ in source.parts}
     for name, text in source.parts:
         flags = m.build.straight_flags if name in source.straight else m.build.flags
-        assert (tmp_path / (build.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
+        assert (tmp_path / (cache.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
     assert '(straight-line parts -O0)' in repr(m) and '(straight-line parts -O0)' in m.summary()
     # the same program with every part at -O1 is another cache entry, with the same results
-    monkeypatch.setattr(build, 'COMPILE_BUDGET', 1e9)
+    monkeypatch.setattr(choosing, 'COMPILE_BUDGET', 1e9)
     m1 = assert_matches_interpreter(graph, samples, [0.3, -0.7], 'clang')
     assert m1.build.path != m.build.path and m1.build.straight_flags is None
     assert m1.build.flags[0] == '-O2'
@@ -117,9 +118,9 @@ def test_straight_line_parts_at_their_own_level_are_exact_and_named(monkeypatch,
 @pytest.mark.skipif(not (HAVE['clang'] and HAVE['tcc']), reason="needs clang and tcc")
 def test_straight_line_parts_built_by_tcc_link_into_clangs_module_exactly(monkeypatch, tmp_path):
     monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
-    monkeypatch.setattr(build, 'COMPILE_BUDGET', 1e-9)     # nothing fits but tcc's straight-line parts
-    monkeypatch.setattr(build, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('tcc', None): 0.0})
-    monkeypatch.setattr(build, 'STATEMENTS_PER_CALL', 1e15)  # and the module's part costs nothing
+    monkeypatch.setattr(choosing, 'COMPILE_BUDGET', 1e-9)     # nothing fits but tcc's straight-line parts
+    monkeypatch.setattr(choosing, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('tcc', None): 0.0})
+    monkeypatch.setattr(choosing, 'STATEMENTS_PER_CALL', 1e15)  # and the module's part costs nothing
     samples = [[math.sin(k + i) for i in range(8)] for k in range(3)]
     m = assert_matches_interpreter(chain_graph(), samples, [0.3, -0.7], None)
     assert m.build.toolchain.family == 'clang' and m.build.straight_toolchain.family == 'tcc'
@@ -128,7 +129,7 @@ def test_straight_line_parts_built_by_tcc_link_into_clangs_module_exactly(monkey
     for name, text in source.parts:
         tc = m.build.straight_toolchain if name in source.straight else m.build.toolchain
         flags = m.build.straight_flags if name in source.straight else m.build.flags
-        assert (tmp_path / (build.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
+        assert (tmp_path / (cache.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
     # the linker was told that tcc's objects need no executable stack
     headers = subprocess.run(['readelf', '-lW', m.build.path], capture_output=True, text=True).stdout
     stack = [line for line in headers.splitlines() if 'GNU_STACK' in line]
@@ -149,3 +150,19 @@ def test_a_huge_program_is_built_in_a_bounded_number_of_parts():
         assert sum(map(len, parts)) == n_functions
         assert len(parts) == expected if expected < MAX_PARTS else MAX_PARTS - 1 <= len(parts) <= MAX_PARTS + 1
         assert f.statements // len(parts) >= min(PART, f.statements) or len(parts) == 1
+
+
+def test_plan_is_the_request_compile_builds(tmp_path, monkeypatch):
+    """``compile()`` decides nothing about flags: ``plan`` does, and its
+    request is what gets built."""
+    monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
+    m = compile_tiny(cc=FAST_CC, opt=None)
+    request = plan(m.source, cc=FAST_CC)
+    assert isinstance(request, BuildRequest) and request.default and request.timeout > 0
+    assert list(request.flags) == m.build.flags and request.toolchain == m.build.toolchain
+    again = build_extension(request)
+    assert again.cached and again.path == m.build.path and again.sha256 == m.build.sha256
+    with pytest.raises(TypeError, match='in the request'):
+        build_extension(request, flags=['-O1'])
+    with pytest.raises(ValueError, match='-Ofast'):
+        plan(request.source, cc=FAST_CC, opt='-Ofast', flags=['-O1'])   # refused even with flags=

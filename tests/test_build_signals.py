@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from compiler import files
+from compiler.build import cache
 
 from tests.differential import FAST_CC, needs_cc
 from tests.test_build import REPO, compile_tiny, fresh_cache  # noqa: F401
@@ -139,7 +139,7 @@ def test_temporaries_are_swept_only_when_no_one_holds_their_lock(tmp_path):
     (tmp_path / f'{key_busy}.lock').touch()
     with open(tmp_path / f'{key_busy}.lock') as held:
         fcntl.flock(held, fcntl.LOCK_EX)                # a build of key_busy is running
-        removed = files.sweep_temporaries(str(tmp_path))
+        removed = cache.sweep_temporaries(str(tmp_path))
     assert sorted(os.path.basename(p) for p in removed) == sorted(names[:2])
     left = set(os.listdir(tmp_path))
     assert set(names[2:]) <= left and {'mnist', 'notes.txt', '.hidden-of-someone-else'} <= left
@@ -147,9 +147,9 @@ def test_temporaries_are_swept_only_when_no_one_holds_their_lock(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_command_started_in_its_own_group_dies_with_its_parent(tmp_path):
-    """``files.run_in_own_group`` by itself, in a child Python killed by SIGKILL."""
+    """``compiler.build.process.run_in_own_group`` by itself, in a child Python killed by SIGKILL."""
     script = textwrap.dedent(f'''\
-        from compiler.files import run_in_own_group
+        from compiler.build.process import run_in_own_group
         run_in_own_group(['/bin/sh', '-c', 'sleep 60 & echo $! > {tmp_path}/child.pid; '
                           'echo $$ > {tmp_path}/driver.pid; wait'])
     ''')

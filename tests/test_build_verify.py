@@ -19,7 +19,7 @@ import pytest
 import compiler
 from compiler import build
 from compiler.build import (BuildError, CompileError, build_extension, default_flags, elf_problem,
-                            find_compiler, program_hash)
+                            build_key, find_compiler, program_hash)
 from compiler.files import sha256_file
 from compiler.load import load_module
 from micrograd import Value
@@ -194,7 +194,7 @@ def test_a_compiler_that_keeps_producing_another_graphs_object_is_a_clear_error(
         compiler.compile(*graph_a(), cc=wcc)
     assert_explains(e.value, 'program_hash', program_hash(source_of(graph_b)),
                     program_hash(source_of(graph_a)), 'another program')
-    assert_nothing_half_written_for(fresh_cache, build.build_key(
+    assert_nothing_half_written_for(fresh_cache, build_key(
         source_of(graph_a), find_compiler(wcc), default_flags(find_compiler(wcc))))
 
 

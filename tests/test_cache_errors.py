@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 import compiler
-from compiler import build
+from compiler.build import cache
 from compiler.build import BuildError, CacheError
 from micrograd import Value
 
@@ -57,7 +57,7 @@ def default_cache(monkeypatch):
     monkeypatch.delenv('MICROGRAD_CACHE_DIR', raising=False)
     monkeypatch.delenv('MICROGRAD_CACHE', raising=False)
     monkeypatch.delenv('XDG_CACHE_HOME', raising=False)
-    monkeypatch.setattr(build, '_fallback_warned', False)
+    monkeypatch.setattr(cache, '_fallback_warned', False)
     return monkeypatch
 
 

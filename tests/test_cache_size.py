@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from compiler import files
+from compiler.build import cache
 from compiler.build import CacheError, build_extension, cache_max, default_flags, find_compiler
-from compiler.files import cache_entries, evict, parse_size
+from compiler.build.cache import cache_entries, evict, parse_size
 
 from tests.differential import FAST_CC, needs_cc
 from tests.test_build import REPO, fresh_cache  # noqa: F401
@@ -141,7 +141,7 @@ def test_the_cache_command_shows_and_clears_the_cache(fresh_cache, monkeypatch, 
     assert status == 0, err
     assert f'folder:  {fresh_cache} ($MICROGRAD_CACHE_DIR)' in out
     assert "entries: 3 (2 built, 1 failed builds' sources)" in out
-    assert f'size:    {files.format_size(total)}' in out
+    assert f'size:    {cache.format_size(total)}' in out
     assert 'cap:     500.0 MiB ($MICROGRAD_CACHE_MAX)' in out
     monkeypatch.delenv('MICROGRAD_CACHE_MAX', raising=False)
     status, out, _ = main(capsys, 'cache')               # --info is the default
@@ -149,7 +149,7 @@ def test_the_cache_command_shows_and_clears_the_cache(fresh_cache, monkeypatch, 
 
     status, out, err = main(capsys, 'cache', '--clear')
     assert status == 0, err
-    assert f'removed 3 entries ({files.format_size(total)})' in out
+    assert f'removed 3 entries ({cache.format_size(total)})' in out
     assert sorted(os.listdir(fresh_cache)) == ['mnist']         # downloads are not builds
     assert not any(os.path.exists(b.path) for b in built)
     status, out, _ = main(capsys, 'cache', '--info')

@@ -1,5 +1,5 @@
 """compiler/files.py: the project's one atomic write (its modes under a umask,
-through symlinks), file hash and cache root. Real files."""
+through symlinks), file hash, and the cache root (compiler/build/cache.py). Real files."""
 import hashlib
 import os
 import stat
@@ -7,6 +7,7 @@ import stat
 import pytest
 
 from compiler import files
+from compiler.build import cache
 
 
 def test_a_failed_write_leaves_the_earlier_file_whole(tmp_path):
@@ -37,13 +38,13 @@ def test_sha256_file(tmp_path):
 
 def test_the_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path / 'mine'))
-    assert files.cache_root() == str(tmp_path / 'mine')
+    assert cache.cache_root() == str(tmp_path / 'mine')
     monkeypatch.delenv('MICROGRAD_CACHE_DIR')
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
-    assert files.cache_root() == str(tmp_path / 'xdg' / 'micrograd-compiler')
+    assert cache.cache_root() == str(tmp_path / 'xdg' / 'micrograd-compiler')
     monkeypatch.delenv('XDG_CACHE_HOME')
     monkeypatch.setenv('HOME', str(tmp_path / 'home'))
-    assert files.cache_root() == str(tmp_path / 'home' / '.cache' / 'micrograd-compiler')
+    assert cache.cache_root() == str(tmp_path / 'home' / '.cache' / 'micrograd-compiler')
 
 
 @pytest.fixture

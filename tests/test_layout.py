@@ -29,7 +29,23 @@ ALLOWED = {
     'compiler.vectorize': {'compiler.ir'},
     'compiler.codegen': {'compiler.codegen', 'compiler.ir', 'compiler.constants',
                          'compiler.templates', 'compiler.optim'},
-    'compiler.build': {'compiler.constants', 'compiler.files'},
+    # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
+    'compiler.build.errors': set(),
+    'compiler.build.process': set(),
+    'compiler.build.flags': set(),
+    'compiler.build.verify': {'compiler.build.process'},
+    'compiler.build.toolchain': {'compiler.build.errors'},
+    'compiler.build.cache': {'compiler.build.errors', 'compiler.build.toolchain', 'compiler.build.verify',
+                             'compiler.files'},
+    'compiler.build.run': {'compiler.build.cache', 'compiler.build.errors', 'compiler.build.process',
+                           'compiler.build.toolchain', 'compiler.build.verify', 'compiler.files'},
+    'compiler.build.request': {'compiler.build.cache', 'compiler.build.flags', 'compiler.build.toolchain'},
+    'compiler.build.choice': {'compiler.build.errors', 'compiler.build.flags', 'compiler.build.process',
+                              'compiler.build.request', 'compiler.build.toolchain'},
+    'compiler.build.extension': {'compiler.build.cache', 'compiler.build.errors', 'compiler.build.process',
+                                 'compiler.build.request', 'compiler.build.run', 'compiler.build.verify',
+                                 'compiler.files'},
+    'compiler.build': {'compiler.build'},      # the package's face: its own modules
     'compiler.load': set(),
 }
 
@@ -106,6 +122,9 @@ def test_each_stage_imports_only_the_stages_before_it(module, source):
     ('compiler.codegen.matvec', 'from compiler.vectorize import vectorize'),
     ('compiler.codegen.scalar', 'from compiler import trace'),
     ('compiler.build', 'from compiler.codegen import GENERATOR_VERSION'),
+    ('compiler.build.cache', 'from compiler.codegen import GENERATOR_VERSION'),
+    ('compiler.build.verify', 'from compiler.build.extension import build_extension'),
+    ('compiler.build.cache', 'from compiler.build.run import run_compiler'),
     ('compiler.ir', 'from compiler.constants import ROW_BLOCK'),
 ])
 def test_the_rule_catches_an_import_against_the_flow(module, line):
@@ -116,7 +135,8 @@ def test_the_rule_allows_what_each_stage_needs():
     assert violations('compiler.vectorize', 'from compiler.ir import MatVec\n') == []
     assert violations('compiler.codegen', 'from compiler.codegen import matvec, sums\n') == []
     assert violations('compiler.codegen.matvec', 'from compiler.constants import ROW_BLOCK\n') == []
-    assert violations('compiler.build', 'from compiler.files import sha256_file\n') == []
+    assert violations('compiler.build.cache', 'from compiler.files import sha256_file\n') == []
+    assert violations('compiler.build.extension', 'from compiler.build.run import run_compiler\n') == []
 
 
 def test_the_wheel_holds_the_packages_and_their_c_files(tmp_path):
