@@ -174,6 +174,7 @@ def test_compile_finds_its_template_from_any_working_directory(tmp_path):
     script = ('import compiler\nfrom micrograd import Value\nx = Value(0.0)\n'
               'src = compiler.emit_module(compiler.trace(x * 2.0, [x]))\n'
               'assert "PyInit_nn" in src\nprint("ok")\n')
+    env = dict(os.environ, PYTHONPATH=str(REPO))     # installed or not
     r = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, env=env)
     assert r.stdout.strip() == 'ok', r.stderr
