@@ -90,7 +90,20 @@ class CompiledModel:
         return self._read(self.module.read_state, self.module.state_size)
 
     def set_optimizer_state(self, state):
-        self.module.write_state(_vector(state, self.module.state_size, 'set_optimizer_state'))
+        """Set the optimizer's state (as ``optimizer_state()`` lays it out);
+        ``WeightsError`` (a ValueError) names a field that would make the
+        next step NaN: a step count that is not a whole number >= 0, a
+        negative second moment."""
+        try:
+            values = np.asarray(state)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"set_optimizer_state(): state must be a sequence of numbers ({e})") from None
+        weights_file.check_state(values, self.module.optimizer, self.n_params,
+                                 'set_optimizer_state(): the optimizer state')
+        if values.shape != (self.module.state_size,):   # SGD's other configuration (with or without momentum)
+            raise weights_file.WeightsError(f"set_optimizer_state(): the optimizer state must have "
+                                            f"{self.module.state_size} numbers, got {values.size}")
+        self.module.write_state(np.ascontiguousarray(values, dtype=np.float64))
 
     def set_params(self, values):
         """Set the parameters (in ``params`` order) from a sequence or array of
