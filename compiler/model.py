@@ -237,9 +237,9 @@ def resolve_threads(threads):
             try:
                 threads = int(env)
             except ValueError:
-                threads = 0
+                raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
             if threads < 1:
-                raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads >= 1, not {env!r}")
+                raise ValueError(f"MICROGRAD_THREADS must be at least 1, not {env!r}")
         else:
             threads = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
     if isinstance(threads, bool) or not isinstance(threads, int):
