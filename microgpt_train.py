@@ -28,24 +28,26 @@ SIGHUP (129) or SIGTERM (143): training stops after the current step and
 ``--metrics`` is still written.
 """
 import argparse
-import functools
 import json
 import math
 import os
 import random
 import statistics
-import struct
 import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    sys.exit("microgpt_train.py needs numpy; set up with: "
+             "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'")
 
 import compiler
-from micrograd import Value, cross_entropy
+from compiler import cli
+from compiler.cli import first_difference, same_bits
 from compiler.files import atomic_write
-from compiler.cli import (EXIT_ERROR, ProgressBar, ProgressLines, check_output_path, compile_line,
-                          exit_status, number, run_cli, stop_on_signals)
+from micrograd import Value, cross_entropy
 
 NAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'names.txt')
 INIT_STD = 0.08             # microgpt's random.gauss(0, 0.08) for every weight
@@ -53,15 +55,84 @@ RMS_EPS = 1e-5              # rmsnorm: x * (mean(x^2) + 1e-5) ** -0.5
 BETAS, ADAM_EPS = (0.85, 0.99), 1e-8
 AVERAGE_STEPS = 100         # loss_first100 / loss_last100: averages over this many steps
 EXIT_USAGE = 2              # argparse's status for bad arguments
+# A step whose loss is this many times guessing's (ln vocab_size, 3.3 for the
+# names) has diverged, finite or not: a healthy run starts near 1x and falls;
+# --lr 1e6 reaches 1e21 with finite numbers.
+DIVERGED = 100
+
+
+def main(argv=None):
+    return cli.run_cli(parse_args, run, argv)
+
+
+def run(args):
+    """Compile, then train, then sample: the whole program."""
+    say = cli.sayer(args.quiet)
+    try:        # everything that can be refused is refused before any work
+        if args.metrics:
+            cli.check_output_path('metrics', args.metrics, 'metrics.json')
+        if not args.interpreter:
+            compiler.resolve_threads(None)      # a bad $MICROGRAD_THREADS, before seconds of tracing
+        names = load_names(args.data)
+    except (OSError, ValueError) as e:          # OutputPathError is a ValueError
+        return cli.fail(e)
+    names, tokenizer, config, weights, rng = prepare(names, args.seed, args.n_embd, args.n_layer,
+                                                     args.n_head, args.block_size)
+    n_params = sum(rows * cols for _, rows, cols in matrix_shapes(config))
+    say(f"data: {len(names):,} names from {args.data}, {tokenizer.vocab_size} tokens "
+        f"({len(tokenizer.chars)} characters and BOS)")
+    say(f"model: microgpt, n_embd {config.n_embd}, {config.n_layer} layer{'s' * (config.n_layer != 1)}, "
+        f"{config.n_head} head{'s' * (config.n_head != 1)}, block {config.block_size}; {n_params:,} parameters")
+    compiled = None
+    if not args.interpreter:
+        say(f"compiling the graph of {config.block_size} positions...")
+        try:
+            compiled = CompiledGPT(config, weights, args.lr, cc=args.cc)                  # compile
+        except compiler.BuildError as e:
+            return cli.fail(e)
+        say(cli.compile_line(compiled.model))
+    if args.check is not None:
+        return check_run(args, compiled, names, tokenizer, config, weights, say)
+    model = compiled if compiled is not None else InterpreterGPT(config, weights, args.lr)
+    with cli.stop_on_signals() as stop:     # the first signal stops after the step
+        result = train(model, names, tokenizer, config, args.steps, args.lr, stop=stop,    # train
+                       progress=cli.progress_for(args, 'steps', 10, 'step'), on_step=step_printer(args))
+        if result.message:
+            print(result.message, file=sys.stderr)
+        if result.losses:
+            done = len(result.losses)
+            print(f"trained {done:,} step{'s' * (done != 1)} in {result.seconds:.2f} s "
+                  f"({1e3 * result.seconds / done:.3f} ms/step{', interpreter' if compiled is None else ''}): "
+                  f"loss {mean(result.losses[-AVERAGE_STEPS:]):.4f} (mean of the last "
+                  f"{min(done, AVERAGE_STEPS)} steps)", flush=True)
+        samples = []
+        if result.stopped == 'completed' and args.samples:                                  # evaluate
+            print(f"samples (temperature {args.temperature:g}):", flush=True)
+            for i in range(args.samples):
+                samples.append(sample(model, tokenizer, config, rng, args.temperature))
+                print(f"{i + 1:3} {samples[-1]}", flush=True)
+        if args.metrics:
+            with atomic_write(args.metrics, 'w') as f:
+                f.write(json.dumps(metrics(args, config, n_params, compiled, result, samples), indent=1))
+    if stop.is_set():
+        return cli.exit_status(stop.signum)
+    return cli.EXIT_ERROR if result.stopped == 'diverged' else 0
 
 
 # ---- data -------------------------------------------------------------------
 
 def load_names(path=NAMES):
-    """The non-empty lines of ``path``, stripped (one name a line)."""
-    with open(path, encoding='utf-8') as f:
-        names = [line.strip() for line in f]
+    """The non-empty lines of ``path``, stripped (one name a line): UTF-8
+    text without control characters, else a ``ValueError`` naming the file."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            names = [line.strip() for line in f]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text file of names: byte {e.start} is not UTF-8") from None
     names = [name for name in names if name]
+    control = next((c for name in names for c in name if c < ' ' or c == '\x7f'), None)
+    if control is not None:
+        raise ValueError(f"{path} is not a text file of names: it holds the control character {control!r}")
     if not names:
         raise ValueError(f"{path} holds no names (one name a line)")
     return names
@@ -391,8 +462,10 @@ def train(model, names, tokenizer, config, steps, lr, progress=None, on_step=Non
     ``progress(total)`` makes a ``ProgressBar`` or ``ProgressLines`` (the
     loss shown is the mean of the last 100 steps); ``on_step(step, loss)``
     is called after each; ``stop`` is a ``StopRequest`` (training ends after
-    the current step once it is set). A loss that is not finite stops the run.
+    the current step once it is set). A loss that is not finite, or above
+    ``DIVERGED`` times guessing's (ln vocab_size), stops the run as diverged.
     """
+    too_high = DIVERGED * math.log(config.vocab_size)
     result = Training('completed', [], [])
     todo = steps if limit is None else min(limit, steps)
     bar = progress(todo) if progress else None
@@ -404,9 +477,10 @@ def train(model, names, tokenizer, config, steps, lr, progress=None, on_step=Non
             t0 = clock()
             loss = model.train_step(tokens, learning_rate(lr, step, steps))
             result.step_seconds.append(clock() - t0)
-            if not math.isfinite(loss):
+            if not loss <= too_high:        # NaN too
                 result.stopped = 'diverged'
-                result.message = (f"diverged at step {step + 1}: the loss is {loss} "
+                why = '' if not math.isfinite(loss) else f", over {DIVERGED} times guessing's {too_high / DIVERGED:.4f}"
+                result.message = (f"diverged at step {step + 1}: the loss is {loss:.6g}{why} "
                                   f"(learning rate {lr:g} too high?)")
                 break
             result.losses.append(loss)
@@ -432,29 +506,6 @@ def mean(values):
 
 # ---- --check ------------------------------------------------------------------
 
-def describe_difference(what, ours, theirs):
-    """``what``: compiled ``ours`` vs interpreter ``theirs``, in full precision and in ulps."""
-    apart = abs(ordered_bits(ours) - ordered_bits(theirs))
-    return f"{what}: compiled {ours!r}, interpreter {theirs!r} ({apart} ulp apart)"
-
-
-def ordered_bits(x):
-    """The float64's bits as an integer that orders like the floats (for ulp distances)."""
-    (bits,) = struct.unpack('<q', struct.pack('<d', x))
-    return bits if bits >= 0 else -(bits & 0x7FFF_FFFF_FFFF_FFFF)
-
-
-def same_bits(a, b):
-    return struct.pack('<d', a) == struct.pack('<d', b)
-
-
-def first_difference(ours, theirs, labels):
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if not same_bits(a, b):
-            return describe_difference(labels(i), a, b)
-    return None
-
-
 def check(compiled, interpreted, names, tokenizer, config, n_steps, steps, lr, param_labels, say):
     """Run the first ``n_steps`` steps (of a ``steps``-step schedule) both ways;
     returns ``None`` when every loss, parameter and Adam state number is the
@@ -472,7 +523,7 @@ def check(compiled, interpreted, names, tokenizer, config, n_steps, steps, lr, p
         lr_t = learning_rate(lr, step, steps)
         ours, theirs = compiled.train_step(tokens, lr_t), interpreted.train_step(tokens, lr_t)
         where = f"step {step + 1} ({names[step % len(names)]!r}, {positions_of(tokens, config)} positions)"
-        problem = (None if same_bits(ours, theirs) else describe_difference('the loss', ours, theirs)) \
+        problem = (None if same_bits(ours, theirs) else cli.describe_difference('the loss', ours, theirs)) \
             or first_difference(compiled.params(), interpreted.params(), lambda i: param_labels[i]) \
             or first_difference(compiled.optimizer_state(), interpreted.optimizer_state(), state_label)
         if problem:
@@ -482,9 +533,30 @@ def check(compiled, interpreted, names, tokenizer, config, n_steps, steps, lr, p
     return None
 
 
+def check_run(args, compiled, names, tokenizer, config, weights, say):
+    """``--check N``: the first N steps compiled and on the interpreter; 0 when bit-identical."""
+    say(f"checking the first {args.check} step{'s' * (args.check != 1)} against the interpreter")
+    labels = [f'{name}[{i}][{j}]' for name, rows, cols in matrix_shapes(config)
+              for i in range(rows) for j in range(cols)]
+    problem = check(compiled, interpreter_model(config, weights, args.lr), names, tokenizer, config,
+                    args.check, args.steps, args.lr, labels, say)
+    if problem:
+        print(f"check failed at {problem}", file=sys.stderr)
+        return cli.EXIT_ERROR
+    print(f"check passed: {args.check} step{'s' * (args.check != 1)}, every loss, parameter and "
+          f"Adam state number bit-identical to the interpreter's", flush=True)
+    return 0
+
+
+def interpreter_model(config, weights, lr):
+    """The interpreter's copy for ``--check`` (a seam: tests perturb it to see the check fail)."""
+    return InterpreterGPT(config, weights, lr)
+
+
 # ---- command line -------------------------------------------------------------
 
 def parse_args(argv):
+    number = cli.number
     parser = argparse.ArgumentParser(
         prog='microgpt_train.py', description=__doc__.split('\n\n')[0],
         epilog='--metrics is checked before any work and replaced atomically. Exit status: 0 done '
@@ -538,95 +610,6 @@ def parse_args(argv):
     return args
 
 
-# ---- main -----------------------------------------------------------------------
-
-def main(argv=None):
-    return run_cli(parse_args, run, argv)
-
-
-def run(args):
-    def say(text):
-        if not args.quiet:
-            print(text, flush=True)
-
-    try:
-        if args.metrics:
-            check_output_path('metrics', args.metrics, 'metrics.json')
-        names = load_names(args.data)
-    except (OSError, ValueError, UnicodeDecodeError) as e:   # OutputPathError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    names, tokenizer, config, weights, rng = prepare(names, args.seed, args.n_embd, args.n_layer,
-                                                     args.n_head, args.block_size)
-    n_params = sum(rows * cols for _, rows, cols in matrix_shapes(config))
-    say(f"data: {len(names):,} names from {args.data}, {tokenizer.vocab_size} tokens "
-        f"({len(tokenizer.chars)} characters and BOS)")
-    say(f"model: microgpt, n_embd {config.n_embd}, {config.n_layer} layer{'s' * (config.n_layer != 1)}, "
-        f"{config.n_head} head{'s' * (config.n_head != 1)}, block {config.block_size}; {n_params:,} parameters")
-
-    compiled = None
-    if not args.interpreter:
-        say(f"compiling the graph of {config.block_size} positions...")
-        try:
-            compiled = CompiledGPT(config, weights, args.lr, cc=args.cc)
-        except compiler.BuildError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_ERROR
-        say(compile_line(compiled.model))
-
-    if args.check is not None:
-        say(f"checking the first {args.check} step{'s' * (args.check != 1)} against the interpreter")
-        labels = [f'{name}[{i}][{j}]' for name, rows, cols in matrix_shapes(config)
-                  for i in range(rows) for j in range(cols)]
-        problem = check(compiled, interpreter_model(config, weights, args.lr), names, tokenizer, config,
-                        args.check, args.steps, args.lr, labels, say)
-        if problem:
-            print(f"check failed at {problem}", file=sys.stderr)
-            return EXIT_ERROR
-        print(f"check passed: {args.check} step{'s' * (args.check != 1)}, every loss, parameter and "
-              f"Adam state number bit-identical to the interpreter's", flush=True)
-        return 0
-
-    model = compiled if compiled is not None else InterpreterGPT(config, weights, args.lr)
-    with stop_on_signals() as stop:
-        result = train(model, names, tokenizer, config, args.steps, args.lr,
-                       progress=progress_for(args), on_step=step_printer(args), stop=stop)
-        if result.message:
-            print(result.message, file=sys.stderr)
-        samples = []
-        if result.losses:
-            last = mean(result.losses[-AVERAGE_STEPS:])
-            done = len(result.losses)
-            print(f"trained {done:,} step{'s' * (done != 1)} in {result.seconds:.2f} s "
-                  f"({1e3 * result.seconds / done:.3f} ms/step{', interpreter' if compiled is None else ''}): "
-                  f"loss {last:.4f} (mean of the last {min(done, AVERAGE_STEPS)} steps)", flush=True)
-        if result.stopped != 'diverged' and not stop.is_set() and args.samples:
-            print(f"samples (temperature {args.temperature:g}):", flush=True)
-            for i in range(args.samples):
-                samples.append(sample(model, tokenizer, config, rng, args.temperature))
-                print(f"{i + 1:3} {samples[-1]}", flush=True)
-        if args.metrics:
-            with atomic_write(args.metrics, 'w') as f:
-                f.write(json.dumps(metrics(args, config, n_params, compiled, result, samples), indent=1))
-    if stop.is_set():
-        return exit_status(stop.signum)
-    return EXIT_ERROR if result.stopped == 'diverged' else 0
-
-
-def interpreter_model(config, weights, lr):
-    """The interpreter's copy for ``--check`` (a seam: tests perturb it to see the check fail)."""
-    return InterpreterGPT(config, weights, lr)
-
-
-def progress_for(args):
-    """A bar on a terminal, else plain lines; none with --quiet or --verbose."""
-    if args.quiet or args.verbose:
-        return None
-    if sys.stderr.isatty():
-        return functools.partial(ProgressBar, sys.stderr, 'train', unit='steps')
-    return functools.partial(ProgressLines, sys.stderr, 'step', unit='steps', percent=10)
-
-
 def step_printer(args):
     if not args.verbose:
         return None
@@ -635,36 +618,22 @@ def step_printer(args):
 
 
 def metrics(args, config, n_params, compiled, result, samples):
-    losses = result.losses
-    report = {
-        'steps': len(losses),
-        'steps_requested': args.steps,
+    losses, seconds, timings = result.losses, result.step_seconds, compiled and compiled.model.timings
+    return {
+        'steps': len(losses), 'steps_requested': args.steps,
         'backend': 'interpreter' if compiled is None else 'compiled',
         'config': {'vocab_size': config.vocab_size, 'n_embd': config.n_embd, 'n_layer': config.n_layer,
                    'n_head': config.n_head, 'block_size': config.block_size},
-        'params': n_params,
-        'lr': args.lr, 'betas': list(BETAS), 'eps': ADAM_EPS, 'seed': args.seed,
-        'data': args.data,
-        'compile_s': sum(compiled.model.timings.values()) if compiled else None,
-        'timings': dict(compiled.model.timings) if compiled else None,
-        'compiler': None,
-        'train_s': result.seconds,
-        'ms_per_step_median': 1e3 * statistics.median(result.step_seconds) if result.step_seconds else None,
-        'ms_per_step_mean': 1e3 * mean(result.step_seconds) if result.step_seconds else None,
-        'loss_first100': mean(losses[:AVERAGE_STEPS]),
-        'loss_last100': mean(losses[-AVERAGE_STEPS:]),
-        'losses': losses,
-        'stopped': result.stopped,
-        'message': result.message or None,
-        'temperature': args.temperature,
-        'samples': samples,
+        'params': n_params, 'lr': args.lr, 'betas': list(BETAS), 'eps': ADAM_EPS, 'seed': args.seed,
+        'data': args.data, 'compile_s': sum(timings.values()) if compiled else None,
+        'timings': dict(timings) if compiled else None,
+        'compiler': cli.build_info(compiled.model) if compiled else None, 'train_s': result.seconds,
+        'ms_per_step_median': 1e3 * statistics.median(seconds) if seconds else None,
+        'ms_per_step_mean': 1e3 * mean(seconds) if seconds else None,
+        'loss_first100': mean(losses[:AVERAGE_STEPS]), 'loss_last100': mean(losses[-AVERAGE_STEPS:]),
+        'losses': losses, 'stopped': result.stopped, 'message': result.message or None,
+        'temperature': args.temperature, 'samples': samples,
     }
-    if compiled:
-        build = compiled.model.build
-        report['compiler'] = {'name': build.toolchain.family, 'version': build.toolchain.version,
-                              'path': build.toolchain.path, 'flags': list(build.flags),
-                              'cached': build.cached}
-    return report
 
 
 if __name__ == '__main__':
