@@ -363,27 +363,12 @@ def check_outputs(args):
 
 
 def load_dataset(args):
-    """``(description, {'train': (images, labels), 'test': (...)})`` for the chosen source."""
-    if args.data:
-        name, data = f'IDX files in {args.data}', mnist_data.load(args.data)
-    elif args.fashion:
-        folder = mnist_data.debian_fashion_mnist_dir()
-        if folder is None:
-            raise FileNotFoundError("--fashion needs Debian's Fashion-MNIST: apt-get install "
-                                    "dataset-fashion-mnist (or pass --data DIR)")
-        name, data = f'Fashion-MNIST ({folder})', mnist_data.load(folder)
-    elif args.download:
-        folder = mnist_data.download_mnist(default_download_dir(), base_url=args.mirror)
-        name, data = f'MNIST ({folder})', mnist_data.load(folder)
-    else:
-        name, data = 'embedded MNIST subset', mnist_data.load_embedded()
-    for split, (images, labels) in data.items():
-        if images.shape[1:] != (28, 28) or not len(labels) or labels.max() >= N_CLASSES:
-            raise ValueError(f"{name}: the {split} split is not 28x28 images labelled 0..9 "
-                             f"(images of shape {images.shape}, labels {set(labels[:100].tolist())}...)")
+    """``(description, {'train': ..., 'test': ...})`` for ``--data``, ``--fashion``,
+    ``--download`` or the embedded digits, the training set cut to ``--limit``."""
+    name, data = mnist_data.load_source(args.data, args.fashion, args.download and default_download_dir(),
+                                        args.mirror)
     if args.limit:
-        images, labels = data['train']
-        data['train'] = (images[:args.limit], labels[:args.limit])
+        data['train'] = tuple(part[:args.limit] for part in data['train'])
     return name, data
 
 

@@ -2,6 +2,7 @@
 bare Python, ``compiler.load``, and ``nn.c`` built by hand with plain flags."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -226,3 +227,21 @@ def test_nn_json_must_describe_the_module_it_sits_beside(trained, tmp_path, dama
     damage(other)
     with pytest.raises(ExportError, match=words):
         compiler.load(other)
+
+
+def test_the_readmes_standard_library_example_runs_and_predicts(trained, tmp_path):
+    """The README's ``import nn`` block, run as written in a bare Python
+    (no site-packages), with a print of what predict wrote."""
+    m, folder = trained
+    readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text()
+    block = readme.split("```python\nimport array, sys\n", 1)[1].split('```', 1)[0]
+    code = "import array, sys\n" + block.replace("'DIR'", repr(str(folder)))
+    assert 'nn.predict(X, out)' in code
+    code += "print(out.tolist())\n"
+    r = subprocess.run([sys.executable, '-I', '-S', '-c', code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    printed = [float(x) for x in r.stdout.split('\n', 1)[1].replace('[', ' ').replace(']', ' ')
+               .replace(',', ' ').split()]
+    fresh = compiler.load(folder)       # the module as exported, before the example's update
+    assert printed == fresh.predict(np.zeros((2, 9))).ravel().tolist()
