@@ -4,21 +4,15 @@
     python microgpt_train.py --interpreter      # the same training on the micrograd interpreter (slow)
     python microgpt_train.py --check 5          # the first 5 steps both ways: bit-identical or exit 1
 
-The model is Karpathy's microgpt (a GPT with token and position embeddings,
-rmsnorm, causal multi-head attention and a ReLU MLP, no biases), written on
-``micrograd`` ``Value``s. The graph is traced once for ``--block-size``
-positions: the tokens and the targets are one-hot *inputs*, so one compiled
-program serves every name, and ``forward(n)`` runs only a name's ``n``
-positions (no work on padding). The loss of a step is the mean of the
-per-position cross-entropies, ``(1 / n) * sum(losses)`` as Python computes
-it; Adam (with the learning rate decaying linearly to 0) runs in C.
-
-``--interpreter`` does each step the way microgpt does it: build the graph of
-the name's positions from ``Value``s, ``backward()``, and Adam in plain
-Python with the compiler's formulas (``compiler.Adam.reference_step``). The
-two are the same arithmetic in the same order, so every loss and every
-parameter is the same float64 bit for bit; ``--check N`` proves it for the
-first ``N`` steps.
+The model is Karpathy's microgpt on ``micrograd`` ``Value``s (``microgpt.py``),
+traced once for ``--block-size`` positions with the tokens and targets as
+one-hot inputs, so one compiled program serves every name; ``forward(n)``
+runs only a name's ``n`` positions. A step's loss is the mean of the
+per-position cross-entropies; Adam (the rate decaying linearly to 0) runs in
+C. ``--interpreter`` trains the way microgpt does (a graph per name,
+``backward()``, ``compiler.Adam.reference_step`` in Python): the same
+arithmetic in the same order, so the same bits, which ``--check N`` proves
+for the first ``N`` steps. The plumbing is ``compiler/cli.py``.
 
 ``--metrics`` is checked before any work and replaced atomically. Exit
 status: 0 when training ends (or ``--check`` finds every step identical); 1
@@ -28,233 +22,112 @@ SIGHUP (129) or SIGTERM (143): training stops after the current step and
 ``--metrics`` is still written.
 """
 import argparse
-import functools
 import json
 import math
 import os
-import random
 import statistics
-import struct
 import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    sys.exit("microgpt_train.py needs numpy; set up with: "
+             "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'")
 
 import compiler
-from micrograd import Value, cross_entropy
+from compiler import cli
+from compiler.cli import first_difference, same_bits
 from compiler.files import atomic_write
-from compiler.cli import (EXIT_ERROR, ProgressBar, ProgressLines, check_output_path, compile_line,
-                          exit_status, number, run_cli, stop_on_signals)
+from microgpt import matrix_shapes, positions_of, prepare, probabilities, sequence_graph, value_weights
+from microgpt import RMS_EPS, Tokenizer, flatten  # noqa: F401 -- for benchmarks/bench_microgpt.py and the tests
 
 NAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'names.txt')
-INIT_STD = 0.08             # microgpt's random.gauss(0, 0.08) for every weight
-RMS_EPS = 1e-5              # rmsnorm: x * (mean(x^2) + 1e-5) ** -0.5
 BETAS, ADAM_EPS = (0.85, 0.99), 1e-8
 AVERAGE_STEPS = 100         # loss_first100 / loss_last100: averages over this many steps
 EXIT_USAGE = 2              # argparse's status for bad arguments
+# A step whose loss is this many times guessing's (ln vocab_size, 3.3 for the
+# names) has diverged, finite or not: a healthy run starts near 1x and falls;
+# --lr 1e6 reaches 1e21 with finite numbers.
+DIVERGED = 100
+
+
+def main(argv=None):
+    return cli.run_cli(parse_args, run, argv)
+
+
+def run(args):
+    """Compile, then train, then sample: the whole program."""
+    say = cli.sayer(args.quiet)
+    try:        # everything that can be refused is refused before any work
+        if args.metrics:
+            cli.check_output_path('metrics', args.metrics, 'metrics.json')
+        if not args.interpreter:
+            compiler.resolve_threads(None)      # a bad $MICROGRAD_THREADS, before seconds of tracing
+        names = load_names(args.data)
+    except (OSError, ValueError) as e:          # OutputPathError is a ValueError
+        return cli.fail(e)
+    names, tokenizer, config, weights, rng = prepare(names, args.seed, args.n_embd, args.n_layer,
+                                                     args.n_head, args.block_size)
+    n_params = sum(rows * cols for _, rows, cols in matrix_shapes(config))
+    say(f"data: {len(names):,} names from {args.data}, {tokenizer.vocab_size} tokens "
+        f"({len(tokenizer.chars)} characters and BOS)")
+    say(f"model: microgpt, n_embd {config.n_embd}, {config.n_layer} layer{'s' * (config.n_layer != 1)}, "
+        f"{config.n_head} head{'s' * (config.n_head != 1)}, block {config.block_size}; {n_params:,} parameters")
+    compiled = None
+    if not args.interpreter:
+        say(f"compiling the graph of {config.block_size} positions...")
+        try:
+            compiled = CompiledGPT(config, weights, args.lr, cc=args.cc)                  # compile
+        except compiler.BuildError as e:
+            return cli.fail(e)
+        say(cli.compile_line(compiled.model))
+    if args.check is not None:
+        return check_run(args, compiled, names, tokenizer, config, weights, say)
+    model = compiled if compiled is not None else InterpreterGPT(config, weights, args.lr)
+    with cli.stop_on_signals() as stop:     # the first signal stops after the step
+        result = train(model, names, tokenizer, config, args.steps, args.lr, stop=stop,    # train
+                       progress=cli.progress_for(args, 'steps', 10, 'step'), on_step=step_printer(args))
+        if result.message:
+            print(result.message, file=sys.stderr)
+        if result.losses:
+            done = len(result.losses)
+            print(f"trained {done:,} step{'s' * (done != 1)} in {result.seconds:.2f} s "
+                  f"({1e3 * result.seconds / done:.3f} ms/step{', interpreter' if compiled is None else ''}): "
+                  f"loss {mean(result.losses[-AVERAGE_STEPS:]):.4f} (mean of the last "
+                  f"{min(done, AVERAGE_STEPS)} steps)", flush=True)
+        samples = []
+        if result.stopped == 'completed' and args.samples:                                  # evaluate
+            print(f"samples (temperature {args.temperature:g}):", flush=True)
+            for i in range(args.samples):
+                samples.append(sample(model, tokenizer, config, rng, args.temperature))
+                print(f"{i + 1:3} {samples[-1]}", flush=True)
+        if args.metrics:
+            with atomic_write(args.metrics, 'w') as f:
+                f.write(json.dumps(metrics(args, config, n_params, compiled, result, samples), indent=1))
+    if stop.is_set():
+        return cli.exit_status(stop.signum)
+    return cli.EXIT_ERROR if result.stopped == 'diverged' else 0
 
 
 # ---- data -------------------------------------------------------------------
 
 def load_names(path=NAMES):
-    """The non-empty lines of ``path``, stripped (one name a line)."""
-    with open(path, encoding='utf-8') as f:
-        names = [line.strip() for line in f]
+    """The non-empty lines of ``path``, stripped (one name a line): UTF-8
+    text without control characters, else a ``ValueError`` naming the file."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            names = [line.strip() for line in f]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text file of names: byte {e.start} is not UTF-8") from None
     names = [name for name in names if name]
+    control = next((c for name in names for c in name if c < ' ' or c == '\x7f'), None)
+    if control is not None:
+        raise ValueError(f"{path} is not a text file of names: it holds the control character {control!r}")
     if not names:
         raise ValueError(f"{path} holds no names (one name a line)")
     return names
-
-
-class Tokenizer:
-    """Characters to token ids as microgpt numbers them: the distinct
-    characters in sorted order, then ``BOS`` (begin/end of a name) last."""
-
-    def __init__(self, names):
-        self.chars = sorted(set(''.join(names)))
-        self.bos = len(self.chars)
-        self.vocab_size = len(self.chars) + 1
-        self._ids = {c: i for i, c in enumerate(self.chars)}
-
-    def encode(self, name):
-        """``[BOS] + the name's characters + [BOS]``."""
-        return [self.bos] + [self._ids[c] for c in name] + [self.bos]
-
-    def decode(self, tokens):
-        return ''.join(self.chars[t] for t in tokens if t != self.bos)
-
-
-# ---- the model ----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Config:
-    vocab_size: int
-    n_embd: int = 16
-    n_layer: int = 1
-    n_head: int = 4
-    block_size: int = 16
-
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
-
-
-def matrix_shapes(config):
-    """``(name, rows, columns)`` of every weight matrix, in microgpt's order
-    (which is the order of the parameter vector)."""
-    c, e = config, config.n_embd
-    shapes = [('wte', c.vocab_size, e), ('wpe', c.block_size, e), ('lm_head', c.vocab_size, e)]
-    for i in range(c.n_layer):
-        shapes += [(f'layer{i}.attn_wq', e, e), (f'layer{i}.attn_wk', e, e),
-                   (f'layer{i}.attn_wv', e, e), (f'layer{i}.attn_wo', e, e),
-                   (f'layer{i}.mlp_fc1', 4 * e, e), (f'layer{i}.mlp_fc2', e, 4 * e)]
-    return shapes
-
-
-def init_weights(config, rng):
-    """``{name: rows of floats}``, each weight ``rng.gauss(0, 0.08)``, drawn in
-    microgpt's order (matrix by matrix, row by row)."""
-    return {name: [[rng.gauss(0, INIT_STD) for _ in range(cols)] for _ in range(rows)]
-            for name, rows, cols in matrix_shapes(config)}
-
-
-def flatten(weights):
-    """The parameter vector: every matrix's rows in ``matrix_shapes`` order."""
-    return [x for rows in weights.values() for row in rows for x in row]
-
-
-def value_weights(weights):
-    """The matrices as ``Value``s labelled ``name[row][column]``, and the flat parameter list."""
-    sd = {name: [[Value(x, label=f'{name}[{i}][{j}]') for j, x in enumerate(row)]
-                 for i, row in enumerate(rows)]
-          for name, rows in weights.items()}
-    return sd, [p for rows in sd.values() for row in rows for p in row]
-
-
-def linear(x, w):
-    return [sum(wi * xi for wi, xi in zip(row, x)) for row in w]
-
-
-def rmsnorm(x):
-    ms = sum(xi * xi for xi in x) / len(x)
-    scale = (ms + RMS_EPS) ** -0.5
-    return [xi * scale for xi in x]
-
-
-def softmax(logits):
-    """Shifted by the largest logit, taken as a graph node (a chain of
-    ``max``): a Python float read at trace time would be frozen into the
-    compiled program as a constant."""
-    m = logits[0]
-    for z in logits[1:]:
-        m = m.max(z)
-    exps = [(z - m).exp() for z in logits]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
-def gpt(sd, config, token, pos, keys, values):
-    """microgpt's forward pass for one position: the logits of the next token.
-
-    ``token`` is the one-hot vector of the current token (Values), ``pos`` the
-    position (known when the graph is built, so the position embedding is the
-    row ``wpe[pos]``); ``keys`` and ``values`` hold the earlier positions'
-    keys and values, one list per layer, and get this position's appended.
-    """
-    wte = sd['wte']
-    # sum(onehot * column) is the row wte[token] exactly: 0 * w adds zeros
-    tok = [sum(o * wte[v][d] for v, o in enumerate(token)) for d in range(config.n_embd)]
-    x = [t + p for t, p in zip(tok, sd['wpe'][pos])]
-    x = rmsnorm(x)
-    hd = config.head_dim
-    for li in range(config.n_layer):
-        layer = f'layer{li}.'
-        x_residual = x
-        x = rmsnorm(x)
-        q = linear(x, sd[layer + 'attn_wq'])
-        k = linear(x, sd[layer + 'attn_wk'])
-        v = linear(x, sd[layer + 'attn_wv'])
-        keys[li].append(k)
-        values[li].append(v)
-        x_attn = []
-        for h in range(config.n_head):
-            hs = h * hd
-            q_h = q[hs:hs + hd]
-            k_h = [ki[hs:hs + hd] for ki in keys[li]]
-            v_h = [vi[hs:hs + hd] for vi in values[li]]
-            attn_logits = [sum(q_h[j] * k_h[t][j] for j in range(hd)) / hd ** 0.5
-                           for t in range(len(k_h))]
-            attn_weights = softmax(attn_logits)
-            x_attn.extend(sum(attn_weights[t] * v_h[t][j] for t in range(len(v_h))) for j in range(hd))
-        x = linear(x_attn, sd[layer + 'attn_wo'])
-        x = [a + b for a, b in zip(x, x_residual)]
-        x_residual = x
-        x = rmsnorm(x)
-        x = linear(x, sd[layer + 'mlp_fc1'])
-        x = [xi.relu() for xi in x]
-        x = linear(x, sd[layer + 'mlp_fc2'])
-        x = [a + b for a, b in zip(x, x_residual)]
-    return linear(x, sd['lm_head'])
-
-
-@dataclass
-class Sequence:
-    """The graph of ``positions`` positions: per-position losses and logits,
-    and the input Values (the one-hot tokens, then the one-hot targets)."""
-    losses: list
-    logits: list        # one list of vocab_size Values per position
-    inputs: list
-
-
-def sequence_graph(sd, config, positions, tokens=None):
-    """Build microgpt's graph for ``positions`` positions.
-
-    With ``tokens`` (a name's ids, ``[BOS] + chars + [BOS]``) the one-hot
-    inputs hold them, as the interpreter needs; without, they are 0.0
-    placeholders for ``compiler.compile``, fed by ``set_input``.
-    """
-    vocab = config.vocab_size
-
-    def one_hot(index):
-        return [Value(1.0 if index == i else 0.0) for i in range(vocab)]
-
-    token_inputs = [one_hot(None if tokens is None else tokens[t]) for t in range(positions)]
-    target_inputs = [one_hot(None if tokens is None else tokens[t + 1]) for t in range(positions)]
-    keys, values = [[] for _ in range(config.n_layer)], [[] for _ in range(config.n_layer)]
-    losses, logits = [], []
-    for t in range(positions):
-        logits_t = gpt(sd, config, token_inputs[t], t, keys, values)
-        logits.append(logits_t)
-        losses.append(cross_entropy(logits_t, target_inputs[t]))
-    inputs = [v for row in token_inputs for v in row] + [v for row in target_inputs for v in row]
-    return Sequence(losses, logits, inputs)
-
-
-def positions_of(tokens, config):
-    """How many positions a name trains: one per next token, at most the block."""
-    return min(config.block_size, len(tokens) - 1)
-
-
-def probabilities(logits, temperature):
-    """softmax(logits / temperature) in Python floats, shifted by the largest."""
-    scaled = [z / temperature for z in logits]
-    top = max(scaled)
-    exps = [math.exp(z - top) for z in scaled]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
-def prepare(names, seed, n_embd=16, n_layer=1, n_head=4, block_size=16):
-    """microgpt's setup from ``random.Random(seed)``: the names shuffled (a
-    copy), then the initial weights. Returns ``(names, tokenizer, config,
-    weights, rng)``; the rng goes on to draw the samples."""
-    rng = random.Random(seed)
-    names = list(names)
-    rng.shuffle(names)
-    tokenizer = Tokenizer(names)
-    config = Config(tokenizer.vocab_size, n_embd, n_layer, n_head, block_size)
-    return names, tokenizer, config, init_weights(config, rng), rng
 
 
 # ---- the two ways to train ------------------------------------------------------
@@ -391,8 +264,10 @@ def train(model, names, tokenizer, config, steps, lr, progress=None, on_step=Non
     ``progress(total)`` makes a ``ProgressBar`` or ``ProgressLines`` (the
     loss shown is the mean of the last 100 steps); ``on_step(step, loss)``
     is called after each; ``stop`` is a ``StopRequest`` (training ends after
-    the current step once it is set). A loss that is not finite stops the run.
+    the current step once it is set). A loss that is not finite, or above
+    ``DIVERGED`` times guessing's (ln vocab_size), stops the run as diverged.
     """
+    too_high = DIVERGED * math.log(config.vocab_size)
     result = Training('completed', [], [])
     todo = steps if limit is None else min(limit, steps)
     bar = progress(todo) if progress else None
@@ -404,9 +279,10 @@ def train(model, names, tokenizer, config, steps, lr, progress=None, on_step=Non
             t0 = clock()
             loss = model.train_step(tokens, learning_rate(lr, step, steps))
             result.step_seconds.append(clock() - t0)
-            if not math.isfinite(loss):
+            if not loss <= too_high:        # NaN too
                 result.stopped = 'diverged'
-                result.message = (f"diverged at step {step + 1}: the loss is {loss} "
+                why = '' if not math.isfinite(loss) else f", over {DIVERGED} times guessing's {too_high / DIVERGED:.4f}"
+                result.message = (f"diverged at step {step + 1}: the loss is {loss:.6g}{why} "
                                   f"(learning rate {lr:g} too high?)")
                 break
             result.losses.append(loss)
@@ -432,29 +308,6 @@ def mean(values):
 
 # ---- --check ------------------------------------------------------------------
 
-def describe_difference(what, ours, theirs):
-    """``what``: compiled ``ours`` vs interpreter ``theirs``, in full precision and in ulps."""
-    apart = abs(ordered_bits(ours) - ordered_bits(theirs))
-    return f"{what}: compiled {ours!r}, interpreter {theirs!r} ({apart} ulp apart)"
-
-
-def ordered_bits(x):
-    """The float64's bits as an integer that orders like the floats (for ulp distances)."""
-    (bits,) = struct.unpack('<q', struct.pack('<d', x))
-    return bits if bits >= 0 else -(bits & 0x7FFF_FFFF_FFFF_FFFF)
-
-
-def same_bits(a, b):
-    return struct.pack('<d', a) == struct.pack('<d', b)
-
-
-def first_difference(ours, theirs, labels):
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if not same_bits(a, b):
-            return describe_difference(labels(i), a, b)
-    return None
-
-
 def check(compiled, interpreted, names, tokenizer, config, n_steps, steps, lr, param_labels, say):
     """Run the first ``n_steps`` steps (of a ``steps``-step schedule) both ways;
     returns ``None`` when every loss, parameter and Adam state number is the
@@ -472,7 +325,7 @@ def check(compiled, interpreted, names, tokenizer, config, n_steps, steps, lr, p
         lr_t = learning_rate(lr, step, steps)
         ours, theirs = compiled.train_step(tokens, lr_t), interpreted.train_step(tokens, lr_t)
         where = f"step {step + 1} ({names[step % len(names)]!r}, {positions_of(tokens, config)} positions)"
-        problem = (None if same_bits(ours, theirs) else describe_difference('the loss', ours, theirs)) \
+        problem = (None if same_bits(ours, theirs) else cli.describe_difference('the loss', ours, theirs)) \
             or first_difference(compiled.params(), interpreted.params(), lambda i: param_labels[i]) \
             or first_difference(compiled.optimizer_state(), interpreted.optimizer_state(), state_label)
         if problem:
@@ -482,9 +335,30 @@ def check(compiled, interpreted, names, tokenizer, config, n_steps, steps, lr, p
     return None
 
 
+def check_run(args, compiled, names, tokenizer, config, weights, say):
+    """``--check N``: the first N steps compiled and on the interpreter; 0 when bit-identical."""
+    say(f"checking the first {args.check} step{'s' * (args.check != 1)} against the interpreter")
+    labels = [f'{name}[{i}][{j}]' for name, rows, cols in matrix_shapes(config)
+              for i in range(rows) for j in range(cols)]
+    problem = check(compiled, interpreter_model(config, weights, args.lr), names, tokenizer, config,
+                    args.check, args.steps, args.lr, labels, say)
+    if problem:
+        print(f"check failed at {problem}", file=sys.stderr)
+        return cli.EXIT_ERROR
+    print(f"check passed: {args.check} step{'s' * (args.check != 1)}, every loss, parameter and "
+          f"Adam state number bit-identical to the interpreter's", flush=True)
+    return 0
+
+
+def interpreter_model(config, weights, lr):
+    """The interpreter's copy for ``--check`` (a seam: tests perturb it to see the check fail)."""
+    return InterpreterGPT(config, weights, lr)
+
+
 # ---- command line -------------------------------------------------------------
 
 def parse_args(argv):
+    number = cli.number
     parser = argparse.ArgumentParser(
         prog='microgpt_train.py', description=__doc__.split('\n\n')[0],
         epilog='--metrics is checked before any work and replaced atomically. Exit status: 0 done '
@@ -538,95 +412,6 @@ def parse_args(argv):
     return args
 
 
-# ---- main -----------------------------------------------------------------------
-
-def main(argv=None):
-    return run_cli(parse_args, run, argv)
-
-
-def run(args):
-    def say(text):
-        if not args.quiet:
-            print(text, flush=True)
-
-    try:
-        if args.metrics:
-            check_output_path('metrics', args.metrics, 'metrics.json')
-        names = load_names(args.data)
-    except (OSError, ValueError, UnicodeDecodeError) as e:   # OutputPathError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    names, tokenizer, config, weights, rng = prepare(names, args.seed, args.n_embd, args.n_layer,
-                                                     args.n_head, args.block_size)
-    n_params = sum(rows * cols for _, rows, cols in matrix_shapes(config))
-    say(f"data: {len(names):,} names from {args.data}, {tokenizer.vocab_size} tokens "
-        f"({len(tokenizer.chars)} characters and BOS)")
-    say(f"model: microgpt, n_embd {config.n_embd}, {config.n_layer} layer{'s' * (config.n_layer != 1)}, "
-        f"{config.n_head} head{'s' * (config.n_head != 1)}, block {config.block_size}; {n_params:,} parameters")
-
-    compiled = None
-    if not args.interpreter:
-        say(f"compiling the graph of {config.block_size} positions...")
-        try:
-            compiled = CompiledGPT(config, weights, args.lr, cc=args.cc)
-        except compiler.BuildError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_ERROR
-        say(compile_line(compiled.model))
-
-    if args.check is not None:
-        say(f"checking the first {args.check} step{'s' * (args.check != 1)} against the interpreter")
-        labels = [f'{name}[{i}][{j}]' for name, rows, cols in matrix_shapes(config)
-                  for i in range(rows) for j in range(cols)]
-        problem = check(compiled, interpreter_model(config, weights, args.lr), names, tokenizer, config,
-                        args.check, args.steps, args.lr, labels, say)
-        if problem:
-            print(f"check failed at {problem}", file=sys.stderr)
-            return EXIT_ERROR
-        print(f"check passed: {args.check} step{'s' * (args.check != 1)}, every loss, parameter and "
-              f"Adam state number bit-identical to the interpreter's", flush=True)
-        return 0
-
-    model = compiled if compiled is not None else InterpreterGPT(config, weights, args.lr)
-    with stop_on_signals() as stop:
-        result = train(model, names, tokenizer, config, args.steps, args.lr,
-                       progress=progress_for(args), on_step=step_printer(args), stop=stop)
-        if result.message:
-            print(result.message, file=sys.stderr)
-        samples = []
-        if result.losses:
-            last = mean(result.losses[-AVERAGE_STEPS:])
-            done = len(result.losses)
-            print(f"trained {done:,} step{'s' * (done != 1)} in {result.seconds:.2f} s "
-                  f"({1e3 * result.seconds / done:.3f} ms/step{', interpreter' if compiled is None else ''}): "
-                  f"loss {last:.4f} (mean of the last {min(done, AVERAGE_STEPS)} steps)", flush=True)
-        if result.stopped != 'diverged' and not stop.is_set() and args.samples:
-            print(f"samples (temperature {args.temperature:g}):", flush=True)
-            for i in range(args.samples):
-                samples.append(sample(model, tokenizer, config, rng, args.temperature))
-                print(f"{i + 1:3} {samples[-1]}", flush=True)
-        if args.metrics:
-            with atomic_write(args.metrics, 'w') as f:
-                f.write(json.dumps(metrics(args, config, n_params, compiled, result, samples), indent=1))
-    if stop.is_set():
-        return exit_status(stop.signum)
-    return EXIT_ERROR if result.stopped == 'diverged' else 0
-
-
-def interpreter_model(config, weights, lr):
-    """The interpreter's copy for ``--check`` (a seam: tests perturb it to see the check fail)."""
-    return InterpreterGPT(config, weights, lr)
-
-
-def progress_for(args):
-    """A bar on a terminal, else plain lines; none with --quiet or --verbose."""
-    if args.quiet or args.verbose:
-        return None
-    if sys.stderr.isatty():
-        return functools.partial(ProgressBar, sys.stderr, 'train', unit='steps')
-    return functools.partial(ProgressLines, sys.stderr, 'step', unit='steps', percent=10)
-
-
 def step_printer(args):
     if not args.verbose:
         return None
@@ -635,36 +420,22 @@ def step_printer(args):
 
 
 def metrics(args, config, n_params, compiled, result, samples):
-    losses = result.losses
-    report = {
-        'steps': len(losses),
-        'steps_requested': args.steps,
+    losses, seconds, timings = result.losses, result.step_seconds, compiled and compiled.model.timings
+    return {
+        'steps': len(losses), 'steps_requested': args.steps,
         'backend': 'interpreter' if compiled is None else 'compiled',
         'config': {'vocab_size': config.vocab_size, 'n_embd': config.n_embd, 'n_layer': config.n_layer,
                    'n_head': config.n_head, 'block_size': config.block_size},
-        'params': n_params,
-        'lr': args.lr, 'betas': list(BETAS), 'eps': ADAM_EPS, 'seed': args.seed,
-        'data': args.data,
-        'compile_s': sum(compiled.model.timings.values()) if compiled else None,
-        'timings': dict(compiled.model.timings) if compiled else None,
-        'compiler': None,
-        'train_s': result.seconds,
-        'ms_per_step_median': 1e3 * statistics.median(result.step_seconds) if result.step_seconds else None,
-        'ms_per_step_mean': 1e3 * mean(result.step_seconds) if result.step_seconds else None,
-        'loss_first100': mean(losses[:AVERAGE_STEPS]),
-        'loss_last100': mean(losses[-AVERAGE_STEPS:]),
-        'losses': losses,
-        'stopped': result.stopped,
-        'message': result.message or None,
-        'temperature': args.temperature,
-        'samples': samples,
+        'params': n_params, 'lr': args.lr, 'betas': list(BETAS), 'eps': ADAM_EPS, 'seed': args.seed,
+        'data': args.data, 'compile_s': sum(timings.values()) if compiled else None,
+        'timings': dict(timings) if compiled else None,
+        'compiler': cli.build_info(compiled.model) if compiled else None, 'train_s': result.seconds,
+        'ms_per_step_median': 1e3 * statistics.median(seconds) if seconds else None,
+        'ms_per_step_mean': 1e3 * mean(seconds) if seconds else None,
+        'loss_first100': mean(losses[:AVERAGE_STEPS]), 'loss_last100': mean(losses[-AVERAGE_STEPS:]),
+        'losses': losses, 'stopped': result.stopped, 'message': result.message or None,
+        'temperature': args.temperature, 'samples': samples,
     }
-    if compiled:
-        build = compiled.model.build
-        report['compiler'] = {'name': build.toolchain.family, 'version': build.toolchain.version,
-                              'path': build.toolchain.path, 'flags': list(build.flags),
-                              'cached': build.cached}
-    return report
 
 
 if __name__ == '__main__':

@@ -23,8 +23,8 @@ from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFou
 from compiler.codegen import emit_module
 from compiler.ir import MatVec, Op, Program, Sum, inputs_used
 from compiler.load import load_module
-from compiler.export import ExportError, load
-from compiler.model import CompiledModel, resolve_threads
+from compiler.export import ExportError
+from compiler.model import CompiledModel, load, resolve_threads
 from compiler.optim import OPTIMIZERS, SGD, Adam, AdamW
 from compiler.trace import TraceError, trace, trace_graph
 from micrograd.engine import Value

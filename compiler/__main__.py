@@ -10,7 +10,9 @@ running it, listed in ``COMMANDS``.
 """
 import argparse
 import importlib.util
+import inspect
 import os
+import signal
 import sys
 
 from compiler.build import BuildError
@@ -78,6 +80,12 @@ def add_export(subparsers):
     p.set_defaults(run=run_export)
 
 
+def _one_line(error):
+    """``TypeName: message`` on one line."""
+    message = ' '.join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
 GRAPH_KEYS = ('loss', 'inputs', 'params', 'outputs')
 OPTIONAL_KEYS = ('optimizer', 'constants', 'input_grads')
 
@@ -87,6 +95,8 @@ def load_graph(target):
     path, sep, name = target.rpartition(':')
     if not sep or not path or not name.isidentifier():
         raise CommandError(f"{target!r}: expected FILE.py:FUNC, e.g. model.py:build")
+    if os.path.isdir(path):
+        raise CommandError(f"{path} is a folder: give the Python file that defines {name}, e.g. {path}/model.py:{name}")
     if not os.path.isfile(path):
         raise CommandError(f"{path}: no such file")
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
@@ -94,12 +104,23 @@ def load_graph(target):
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))   # its own imports, as `python FILE.py`
     try:
         spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 -- the user's file: whatever it raises, one line
+        raise CommandError(f"{path} failed to run: {_one_line(e)}") from None
     finally:
         sys.path.pop(0)
     func = getattr(module, name, None)
     if not callable(func):
         raise CommandError(f"{path} has no function {name}")
-    got = func()
+    try:
+        inspect.signature(func).bind()
+    except TypeError:
+        raise CommandError(f"{name}{inspect.signature(func)} needs arguments: FUNC is called with none") from None
+    except ValueError:      # no signature to read (a builtin): call it and see
+        pass
+    try:
+        got = func()
+    except Exception as e:  # noqa: BLE001
+        raise CommandError(f"{name}() raised {_one_line(e)}") from None
     if isinstance(got, dict):
         unknown = set(got) - set(GRAPH_KEYS) - set(OPTIONAL_KEYS)
         if unknown or 'loss' not in got:
@@ -142,6 +163,9 @@ def main(argv=None):
     except (BuildError, OSError, CommandError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # Ctrl-C: a line, not a traceback; 128 + SIGINT as a shell expects
+        print("\ninterrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == '__main__':

@@ -11,9 +11,11 @@ works from, with neither ``micrograd`` nor ``compiler`` installed.
   so ``sys.path.insert(0, folder); import nn`` works;
 - ``nn.json``: what it is (``FORMAT``'s keys, below).
 
-``load(folder)`` returns a ``CompiledModel`` from such a folder, checking
-``nn.json`` against the shared object and rebuilding it from ``nn.c`` when it
-does not fit this interpreter and a C compiler is present.
+``open_folder(folder)`` reads such a folder back: it checks ``nn.json``
+against the shared object, rebuilds it from ``nn.c`` when it does not fit
+this interpreter and a C compiler is present, and returns what it found;
+``compiler.model.load`` makes the ``CompiledModel`` of it (this module
+never imports the model: data flows model -> export).
 """
 import dataclasses
 import json
@@ -21,6 +23,7 @@ import os
 import platform
 import shutil
 import sys
+from dataclasses import dataclass
 
 from compiler.build import (OPT_LEVELS, BuildError, Build, BuildRequest, build_extension, default_flags,
                             elf_problem, find_compiler, program_hash)
@@ -132,8 +135,18 @@ def _load_shipped(folder, info):
     return module, None
 
 
-def load(folder, cc=None, threads=None):
-    """A ``CompiledModel`` from an exported folder (no graph needed).
+@dataclass(frozen=True)
+class Found:
+    """What ``open_folder`` found in an export: the loaded module, its build,
+    the C source (None if unreadable) and ``nn.json``."""
+    module: object
+    build: object
+    source: str
+    info: dict
+
+
+def open_folder(folder, cc=None):
+    """The ``Found`` module of an exported folder (no graph needed).
 
     The shared object is checked against ``nn.json`` (checksum, platform,
     Python ABI, and after loading its ``program_hash``); when it does not
@@ -145,7 +158,6 @@ def load(folder, cc=None, threads=None):
     (``load_module`` with their checksum), never code an earlier ``import
     nn`` of the folder left open.
     """
-    from compiler.model import CompiledModel, resolve_threads
     info = read_info(folder)
     problem = _mismatch(folder, info)
     build = None
@@ -174,11 +186,7 @@ def load(folder, cc=None, threads=None):
                 shutil.rmtree(os.path.dirname(build.path), ignore_errors=True)
         if build.temporary:       # nothing is left to point to
             build = dataclasses.replace(build, path=None)
-    model = CompiledModel(module, None, build, {}, source, input_labels=info['input_labels'],
-                          param_labels=info['param_labels'])
-    model.export_info = info
-    model.threads = resolve_threads(threads)
-    return model
+    return Found(module, build, source, info)
 
 
 def rebuild(folder, info, source, cc=None, why='it must be rebuilt'):
@@ -236,3 +244,19 @@ def _installed(version):
             return toolchain
     return found[0] if found else find_compiler(None)
 
+
+def check_module(folder, info, module):
+    """Raise ``ExportError`` unless the sizes ``nn.json`` states are the loaded module's."""
+    for key in ('n_inputs', 'n_params', 'n_outputs'):
+        if info[key] != getattr(module, key):
+            raise ExportError(f"{folder}: nn.json says {key} {info[key]!r}, the module has "
+                              f"{getattr(module, key)}")
+    if 'features' in info and list(info['features']) != list(module.features):
+        raise ExportError(f"{folder}: nn.json's features are not the module's "
+                          f"({len(info['features'])} listed, the module has {len(module.features)})")
+    for key, n in (('input_labels', module.n_inputs), ('param_labels', module.n_params)):
+        labels = info[key]
+        if not isinstance(labels, list) or len(labels) != n or not all(isinstance(x, str) for x in labels):
+            got = f"{len(labels)} of them" if isinstance(labels, list) else type(labels).__name__
+            raise ExportError(f"{folder}: nn.json's {key} must be {n} strings, one per "
+                              f"{key.split('_')[0]}, got {got}")

@@ -1,10 +1,12 @@
-"""``CompiledModel``: the Python face of one compiled graph."""
+"""``CompiledModel``: the Python face of one compiled graph; ``load`` makes
+one from an exported folder."""
 import os
 
 import numpy as np
 
 from compiler import weights as weights_file
 from compiler.build.process import usable_cores
+from compiler.export import check_module, export, open_folder
 from compiler.ir import features
 
 
@@ -89,7 +91,20 @@ class CompiledModel:
         return self._read(self.module.read_state, self.module.state_size)
 
     def set_optimizer_state(self, state):
-        self.module.write_state(_vector(state, self.module.state_size, 'set_optimizer_state'))
+        """Set the optimizer's state (as ``optimizer_state()`` lays it out);
+        ``WeightsError`` (a ValueError) names a field that would make the
+        next step NaN: a step count that is not a whole number >= 0, a
+        negative second moment."""
+        try:
+            values = np.asarray(state)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"set_optimizer_state(): state must be a sequence of numbers ({e})") from None
+        weights_file.check_state(values, self.module.optimizer, self.n_params,
+                                 'set_optimizer_state(): the optimizer state')
+        if values.shape != (self.module.state_size,):   # SGD's other configuration (with or without momentum)
+            raise weights_file.WeightsError(f"set_optimizer_state(): the optimizer state must have "
+                                            f"{self.module.state_size} numbers, got {values.size}")
+        self.module.write_state(np.ascontiguousarray(values, dtype=np.float64))
 
     def set_params(self, values):
         """Set the parameters (in ``params`` order) from a sequence or array of
@@ -97,21 +112,20 @@ class CompiledModel:
         self.module.write_params(_vector(values, self.n_params, 'set_params'))
 
     def train_batch(self, X, lr=None):
-        """One step on the mean gradient over the rows of ``X`` (a C-contiguous
-        float64 array ``[rows, n_inputs]``); returns the mean loss. ``lr``
-        overrides the compiled optimizer's learning rate (without an
-        optimizer, it is required: plain SGD)."""
-        return self.module.train_batch(X, lr)
+        """One step on the mean gradient over the rows of ``X`` (any 2-D
+        array-like of real numbers ``[rows, n_inputs]``: a slice, a list of
+        lists; copied to a C-contiguous float64 array when it is not one);
+        returns the mean loss. ``lr`` overrides the compiled optimizer's
+        learning rate (without an optimizer, it is required: plain SGD)."""
+        return self.module.train_batch(_rows(X, 'train_batch', self.n_inputs), lr)
 
     def predict(self, X):
-        """Forward only on every row of ``X`` (a C-contiguous float64 array
-        ``[rows, n_inputs]``, or ``[rows, len(features)]`` holding only the
-        inputs the outputs depend on): float64 ``[rows, n_outputs]``."""
-        shape = getattr(X, 'shape', None)
-        if not isinstance(shape, tuple) or len(shape) != 2:
-            raise TypeError(f"predict(): X must be a 2-D float64 array [rows, {self.n_inputs}], "
-                            f"not {type(X).__name__}" + (f" of shape {shape}" if shape is not None else ""))
-        out = np.empty((shape[0], self.n_outputs))
+        """Forward only on every row of ``X`` (any 2-D array-like of real
+        numbers ``[rows, n_inputs]``, or ``[rows, len(features)]`` holding only
+        the inputs the outputs depend on; copied to a C-contiguous float64
+        array when it is not one, e.g. ``X[:, :784]``): float64 ``[rows, n_outputs]``."""
+        X = _rows(X, 'predict', self.n_inputs)
+        out = np.empty((X.shape[0], self.n_outputs))
         self.module.predict(X, out)
         return out
 
@@ -129,7 +143,6 @@ class CompiledModel:
         """Write ``folder`` with ``nn.c``, ``nn.abi3.so`` (current weights built
         in) and ``nn.json``, so that ``sys.path.insert(0, folder); import nn``
         works anywhere (compiler/export.py)."""
-        from compiler.export import export
         return export(self, folder)
 
     def save_weights(self, path, metadata=None):
@@ -161,6 +174,35 @@ class CompiledModel:
         family = b.toolchain.family if b and b.toolchain else 'loaded'
         return (f'<CompiledModel {self.n_inputs} inputs, {self.n_params} params, '
                 f'{self.n_outputs} outputs; {family} {b.flags_text() if b else ""}>')
+
+
+def load(folder, cc=None, threads=None):
+    """A ``CompiledModel`` from an exported folder (no graph needed): the
+    folder is checked, and rebuilt from ``nn.c`` if its shared object does
+    not fit, by ``compiler.export.open_folder``; ``nn.json``'s sizes, features
+    and labels must be the module's."""
+    found = open_folder(folder, cc)
+    check_module(folder, found.info, found.module)
+    model = CompiledModel(found.module, None, found.build, {}, found.source,
+                          input_labels=found.info['input_labels'], param_labels=found.info['param_labels'])
+    model.export_info = found.info
+    model.threads = resolve_threads(threads)
+    return model
+
+
+def _rows(X, func, n_inputs):
+    """``X`` as a C-contiguous float64 2-D array (the same object when it is one)."""
+    if isinstance(X, np.ndarray) and X.dtype == np.float64 and X.flags.c_contiguous and X.ndim == 2:
+        return X
+    try:
+        rows = np.asarray(X)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{func}(): X must be a 2-D array of real numbers [rows, {n_inputs}] ({e})") from None
+    if rows.ndim != 2 or rows.dtype.kind not in 'fiu':
+        raise TypeError(f"{func}(): X must be a 2-D array of real numbers [rows, {n_inputs}], not "
+                        f"{type(X).__name__}" + (f" of shape {rows.shape} and dtype {rows.dtype}"
+                                                  if rows.dtype.kind != 'O' else ''))
+    return np.ascontiguousarray(rows, dtype=np.float64)
 
 
 def _features(module, program):
@@ -197,6 +239,8 @@ def resolve_threads(threads):
                 threads = int(env)
             except ValueError:
                 raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
+            if threads < 1:
+                raise ValueError(f"MICROGRAD_THREADS must be at least 1, not {env!r}")
         else:
             threads = usable_cores()
     if isinstance(threads, bool) or not isinstance(threads, int):

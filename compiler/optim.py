@@ -12,10 +12,18 @@ from dataclasses import dataclass
 
 
 def _check(name, value, low=0.0, high=math.inf, high_open=False):
+    """``value`` as a float, or an error: a finite real number (not a bool)
+    from ``low`` to ``high``. An infinite rate, momentum or decay would make
+    the first step's parameters inf or NaN."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
-    value = float(value)
-    if not (low <= value and (value < high if high_open else value <= high)) or math.isnan(value):
+    try:
+        value = float(value)
+    except OverflowError:       # an int beyond float64
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not (low <= value and (value < high if high_open else value <= high)):
         bound = f"< {high:g}" if high_open else f"<= {high:g}"
         raise ValueError(f"{name} must be >= {low:g}" + (f" and {bound}" if high != math.inf else "")
                          + f", got {value!r}")
@@ -36,6 +44,8 @@ class SGD:
         object.__setattr__(self, 'lr', _check('lr', self.lr))
         object.__setattr__(self, 'momentum', _check('momentum', self.momentum))
         object.__setattr__(self, 'weight_decay', _check('weight_decay', self.weight_decay))
+        if not isinstance(self.nesterov, bool):     # 'yes' or 0.5 would compile as one thing and run as another
+            raise TypeError(f"nesterov must be True or False, not {self.nesterov!r}")
         if self.nesterov and self.momentum == 0:
             raise ValueError("nesterov needs a momentum > 0")
 

@@ -1,8 +1,9 @@
 """A scalar reverse-mode autograd engine: the reference for the compiler.
 
 Every op is defined here with its derivative right beside it. The compiler
-(``compiler/ops.py``) emits C that performs the same IEEE double operations in
-the same order, so compiled forward values and gradients equal the ones
+(``compiler/ir.py`` names each op, ``compiler/codegen/scalar.py`` renders
+its forward and backward C) emits C that performs the same IEEE double
+operations in the same order, so compiled forward values and gradients equal the ones
 computed here exactly.
 
 Floating-point edge cases follow IEEE-754 the way C does, rather than raising

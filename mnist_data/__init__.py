@@ -4,6 +4,7 @@
     load_embedded()              -> the same for 4,000 + 1,000 real digits shipped here
     debian_fashion_mnist_dir()   -> folder of Debian's Fashion-MNIST, or None
     download_mnist(cache_dir)    -> folder with the full MNIST, SHA-256 verified
+    load_source(folder, ...)     -> (description, data) of what a command line asked for
     mnist_graph(hidden, seed)    -> the MLP and cross-entropy graph this project trains
     input_rows(images, labels)   -> its input rows: pixels / 255, then the one-hot label
 """
@@ -13,6 +14,7 @@ from .download import ChecksumError, DownloadError, download_mnist
 from .folder import load, load_embedded
 from .idx import IDXError, load_pair, read_idx, write_idx
 from .model import N_CLASSES, N_PIXELS, MnistGraph, input_rows, mnist_graph
+from .source import load_source
 
 __all__ = [
     "ChecksumError",
@@ -22,6 +24,7 @@ __all__ = [
     "download_mnist",
     "load",
     "load_embedded",
+    "load_source",
     "load_pair",
     "input_rows",
     "mnist_graph",

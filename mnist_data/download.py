@@ -1,12 +1,13 @@
 """Fetching the full MNIST set into a cache folder, verified by SHA-256."""
 
+import contextlib
 import hashlib
 import http.client
+import os
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-
-from compiler.files import atomic_write, sha256_file
 
 # PyTorch's mirror: yann.lecun.com often refuses scripted downloads.
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -41,6 +42,30 @@ class ChecksumError(DownloadError, ValueError):
     """A downloaded file's SHA-256 is not the pinned one."""
 
 
+def sha256_file(path):
+    """The hex SHA-256 of the file at ``path``."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@contextlib.contextmanager
+def _replacing(target):
+    """A binary file object whose contents replace ``target`` only when the
+    block ends without an exception (a temporary file beside it, renamed
+    over it); on failure nothing is left behind. A data package needs no
+    more, so it does not borrow the compiler's ``atomic_write``."""
+    fd, temp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(target)), suffix=".tmp",
+                                prefix=f".{os.path.basename(target)}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+
+
 def _describe(error, timeout):
     """What went wrong, in a few words, for the error message."""
     if isinstance(error, urllib.error.HTTPError):
@@ -61,7 +86,7 @@ def _describe(error, timeout):
 def _fetch_verified(url, target, expected, max_bytes, timeout):
     """Download `url` to `target` only if its SHA-256 is `expected` and it is at most `max_bytes`.
 
-    Written through `atomic_write`: `target` is either absent, the old file,
+    Written through `_replacing`: `target` is either absent, the old file,
     or verified bytes. Every failure is a `DownloadError` naming `url` and `target`.
     """
 
@@ -71,7 +96,7 @@ def _fetch_verified(url, target, expected, max_bytes, timeout):
     digest = hashlib.sha256()
     size = 0
     try:
-        with atomic_write(target) as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with _replacing(target) as out, urllib.request.urlopen(url, timeout=timeout) as response:
             # Read one byte past the cap, never more: enough to tell "too big".
             while chunk := response.read(min(CHUNK, max_bytes + 1 - size)):
                 size += len(chunk)

@@ -45,7 +45,10 @@ def mnist_graph(hidden=(50,), seed=0):
     model = nn.MLP(N_PIXELS, [*hidden, N_CLASSES], seed=seed, init='scaled')
     pixels = [Value(0.0) for _ in range(N_PIXELS)]
     label = [Value(0.0) for _ in range(N_CLASSES)]
-    logits = model(pixels)
+    logits = pixels
+    for layer in model.layers:      # as model(pixels), but a one-neuron layer's bare Value stays a list
+        logits = layer(logits)
+        logits = [logits] if isinstance(logits, Value) else logits
     return MnistGraph(model, pixels, label, logits, cross_entropy(logits, label))
 
 

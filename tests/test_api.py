@@ -97,6 +97,32 @@ def test_predict_takes_rows_with_only_the_features():
         m.predict(np.zeros((2, 6)))
 
 
+def test_predict_and_train_batch_take_any_2d_array_like():
+    """The README's ``m.predict(X[:, :784])``: a slice (not C-contiguous), a
+    list of lists, float32 and ints are copied to float64 rows; the result
+    is the same bits as on the contiguous float64 copy."""
+    model, xs, ts, logits, loss = mlp_with_labels()
+    m = compiler.compile(loss, xs + ts, model.parameters(), logits, cc=FAST_CC)
+    X = np.random.default_rng(0).standard_normal((7, 8))
+    wide = np.hstack([X, np.ones((7, 3))])
+    full = m.predict(X)
+    assert np.array_equal(m.predict(wide[:, :8]), full)
+    assert np.array_equal(m.predict(wide[:, :5]), full)
+    assert np.array_equal(m.predict(X.tolist()), full)
+    assert np.array_equal(m.predict(np.asfortranarray(X)), full)
+    ints = np.arange(16).reshape(2, 8) % 3
+    assert np.array_equal(m.predict(ints), m.predict(ints.astype(float)))
+    for bad in (X[0], 'abc', [[1.0, 'x'] * 4], np.zeros((2, 8), dtype=bool)):
+        with pytest.raises(TypeError, match='2-D array of real numbers'):
+            m.predict(bad)
+    before = m.params()
+    loss_slice = m.train_batch(wide[:, :8], 0.1)
+    m.set_params(before)
+    assert m.train_batch(np.ascontiguousarray(X), 0.1) == loss_slice
+    with pytest.raises(TypeError, match='2-D array of real numbers'):
+        m.train_batch(X[0], 0.1)
+
+
 # -- weights ------------------------------------------------------------------------
 
 def test_write_back_puts_the_trained_weights_and_gradients_into_the_values():
@@ -135,6 +161,18 @@ def test_weights_round_trip_through_a_file(tmp_path):
     assert np.array_equal(other.params(), m.params())
 
 
+@pytest.mark.parametrize('value', [{'a': 1}, [1, 'a', None], object(), [[1, 2], [3]]])
+def test_metadata_that_needs_pickle_is_refused_before_writing(tmp_path, value):
+    model, xs, ts, logits, loss = mlp_with_labels()
+    m = compiler.compile(loss, xs + ts, model.parameters(), logits, cc=FAST_CC)
+    path = tmp_path / 'w.npz'
+    with pytest.raises(TypeError, match=r"metadata\['x'\].*without pickle"):
+        m.save_weights(path, metadata={'x': value})
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    m.save_weights(path, metadata={'x': 'a string', 'sizes': [5, 4, 3], 'rate': 0.5})
+    m.load_weights(path)
+
+
 def test_bad_weight_files_are_refused_and_change_nothing(tmp_path):
     model, xs, ts, logits, loss = mlp_with_labels()
     m = compiler.compile(loss, xs + ts, model.parameters(), logits, cc=FAST_CC)
@@ -158,7 +196,7 @@ def test_bad_weight_files_are_refused_and_change_nothing(tmp_path):
     np.save(tmp_path / 'one.npy', before)
     words = {'other.npz': 'another graph', 'nan.npz': 'not finite', 'short.npz': 'must be float64',
              'format.npz': 'format', 'empty.npz': 'not a readable', 'cut.npz': 'not a readable',
-             'one.npy': 'single .npy', 'missing.npz': 'no such file'}
+             'one.npy': 'single array', 'missing.npz': 'no such file'}
     for name, word in words.items():
         with pytest.raises(WeightsError, match=word):
             m.load_weights(tmp_path / name)

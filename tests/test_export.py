@@ -2,6 +2,7 @@
 bare Python, ``compiler.load``, and ``nn.c`` built by hand with plain flags."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -199,3 +200,48 @@ def test_a_folder_that_is_not_an_export(tmp_path):
         compiler.load(tmp_path)
     with pytest.raises(ExportError, match='not a folder'):
         compiler.load(tmp_path / 'missing')
+
+
+def edited_json(**changes):
+    def damage(folder):
+        info = json.loads((folder / 'nn.json').read_text())
+        info.update(changes)
+        (folder / 'nn.json').write_text(json.dumps(info))
+    return damage
+
+
+@pytest.mark.parametrize('damage, words', [
+    (edited_json(n_params=7), 'nn.json says n_params 7, the module has 53'),
+    (edited_json(n_inputs=8), 'nn.json says n_inputs 8, the module has 9'),
+    (edited_json(n_outputs=4), 'nn.json says n_outputs 4'),
+    (edited_json(features=[0, 1]), "nn.json's features are not the module's"),
+    (edited_json(param_labels=['p0']), "nn.json's param_labels must be 53 strings, one per param, got 1"),
+    (edited_json(input_labels='x'), "nn.json's input_labels must be 9 strings"),
+], ids=['n_params', 'n_inputs', 'n_outputs', 'features', 'param_labels', 'input_labels'])
+def test_nn_json_must_describe_the_module_it_sits_beside(trained, tmp_path, damage, words):
+    """Sizes, features and labels in nn.json are checked against the loaded
+    module: a param_labels of the wrong length would make save_weights write
+    the wrong labels."""
+    m, folder = trained
+    other = copy_of(folder, tmp_path, 'edited')
+    damage(other)
+    with pytest.raises(ExportError, match=words):
+        compiler.load(other)
+
+
+def test_the_readmes_standard_library_example_runs_and_predicts(trained, tmp_path):
+    """The README's ``import nn`` block, run as written in a bare Python
+    (no site-packages), with a print of what predict wrote."""
+    m, folder = trained
+    readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text()
+    block = readme.split("```python\nimport array, sys\n", 1)[1].split('```', 1)[0]
+    code = "import array, sys\n" + block.replace("'DIR'", repr(str(folder)))
+    assert 'nn.predict(X, out)' in code
+    code += "print(out.tolist())\n"
+    r = subprocess.run([sys.executable, '-I', '-S', '-c', code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    printed = [float(x) for x in r.stdout.split('\n', 1)[1].replace('[', ' ').replace(']', ' ')
+               .replace(',', ' ').split()]
+    fresh = compiler.load(folder)       # the module as exported, before the example's update
+    assert printed == fresh.predict(np.zeros((2, 9))).ravel().tolist()

@@ -2,6 +2,7 @@
 (build the graph, emit and build ``nn``, ``import nn`` later) as one command."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -38,6 +39,17 @@ MODEL = textwrap.dedent('''
 
     def bad_keys():
         return {'loss': build()[0], 'weights': []}
+
+    def needs_args(width, depth=2):
+        return build()
+
+    def raises():
+        raise ValueError("no graph today\\n(second line)")
+
+    def sleeps():
+        import sys, time
+        print("ready", flush=True)
+        time.sleep(60)
 
     def forgot_params():
         loss, inputs, params, outputs = build()
@@ -86,6 +98,9 @@ def test_export_from_a_file_then_import_nn_in_a_bare_python(tmp_path, model_file
     ('model.py:not_a_graph', 'returned int'),
     ('model.py:bad_keys', "keys ['loss', 'weights']"),
     ('model.py:forgot_params', 'params'),
+    ('.:build', '. is a folder: give the Python file that defines build'),
+    ('model.py:needs_args', 'needs_args(width, depth=2) needs arguments'),
+    ('model.py:raises', 'raises() raised ValueError: no graph today (second line)'),
 ])
 def test_mistakes_are_one_line_errors_and_write_nothing(tmp_path, model_file, target, words):
     out = tmp_path / 'exported'
@@ -98,3 +113,22 @@ def test_mistakes_are_one_line_errors_and_write_nothing(tmp_path, model_file, ta
 def test_the_output_folder_is_required(tmp_path, model_file):
     r = export(tmp_path, f'{model_file}:build')
     assert r.returncode == 2 and '-o' in r.stderr
+
+
+def test_a_file_that_fails_to_run_is_one_line(tmp_path):
+    (tmp_path / 'broken.py').write_text('import no_such_module_here\n')
+    r = export(tmp_path, 'broken.py:build', '-o', str(tmp_path / 'out'))
+    assert r.returncode == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert "broken.py failed to run: ModuleNotFoundError: No module named 'no_such_module_here'" in r.stderr
+
+
+def test_ctrl_c_is_one_line_and_status_130(tmp_path, model_file):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, '-m', 'compiler', 'export', f'{model_file}:sleeps',
+                             '-o', str(tmp_path / 'out')], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == 'ready\n'
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err == '\ninterrupted\n', err

@@ -1,9 +1,13 @@
-"""The direction of flow through the compiler, read from the imports.
+"""The direction of flow through the three packages, read from the imports.
 
-engine -> trace -> passes -> codegen -> build -> load: each stage imports only
-what comes before it, and only what it needs. The IR (``compiler.ir``) owns
-the IR's facts and imports nothing of the compiler; shared constants and file
-helpers are leaves anyone below them may use.
+engine -> trace -> passes -> codegen -> build -> load -> export -> model:
+each stage imports only what comes before it, and only what it needs. The
+IR (``compiler.ir``) owns the IR's facts and imports nothing of the
+compiler; shared constants and file helpers are leaves anyone below them may
+use. ``mnist_data`` uses the engine, never the compiler; the library never
+imports the command-line helpers (``compiler.cli``), only ``python -m
+compiler`` does. Every import counts, at module level or inside a function,
+and no chain of imports may lead back to where it started.
 """
 import ast
 import os
@@ -15,11 +19,15 @@ import zipfile
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ('micrograd', 'compiler', 'mnist_data')
 
 # module (or package) -> the project modules it may import; every project
-# import not listed is a violation. ``micrograd`` is the engine.
+# import not listed is a violation, and every module of the three packages
+# must have an entry (a package's entry covers its submodules, except
+# ``compiler``'s, which is its __init__ alone). ``micrograd`` is the engine.
 ALLOWED = {
     'micrograd': {'micrograd'},
+    'mnist_data': {'micrograd'},
     'compiler.ir': set(),
     'compiler.constants': set(),
     'compiler.files': set(),
@@ -27,8 +35,7 @@ ALLOWED = {
     'compiler.templates': set(),
     'compiler.trace': {'micrograd', 'compiler.ir'},
     'compiler.vectorize': {'compiler.ir'},
-    'compiler.codegen': {'compiler.codegen', 'compiler.ir', 'compiler.constants',
-                         'compiler.templates', 'compiler.optim'},
+    'compiler.codegen': {'compiler.ir', 'compiler.constants', 'compiler.templates', 'compiler.optim'},
     # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
     'compiler.build.errors': set(),
     'compiler.build.process': set(),
@@ -45,14 +52,48 @@ ALLOWED = {
     'compiler.build.extension': {'compiler.build.cache', 'compiler.build.errors', 'compiler.build.process',
                                  'compiler.build.request', 'compiler.build.run', 'compiler.build.verify',
                                  'compiler.files'},
-    'compiler.build': {'compiler.build'},      # the package's face: its own modules
     'compiler.load': set(),
+    'compiler.summary': {'compiler.ir'},
+    'compiler.weights': {'compiler.files'},
+    'compiler.export': {'compiler.build', 'compiler.codegen', 'compiler.files', 'compiler.load'},
+    'compiler.model': {'compiler.ir', 'compiler.weights', 'compiler.export', 'compiler.summary',
+                       'compiler.build.process'},
 }
+# the build package's face (compiler/build/__init__.py) re-exports its own modules
+ALLOWED['compiler.build'] = {k for k in ALLOWED if k.startswith('compiler.build.')}
+LIBRARY = {'micrograd', *ALLOWED} - {'mnist_data'}
+ALLOWED['compiler'] = LIBRARY                                  # the package: compile(), load()...
+ALLOWED['compiler.cli'] = {'compiler.files'}                   # the scripts' shared command line
+ALLOWED['compiler.__main__'] = LIBRARY | {'compiler', 'compiler.cli'}
+
+
+def module_names():
+    """Every module of the three packages, as dotted names."""
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob('*.py')):
+            parts = path.relative_to(REPO).with_suffix('').parts
+            yield '.'.join(parts[:-1] if parts[-1] == '__init__' else parts), path
+
+
+MODULES = dict(module_names())
+
+
+def is_package(module):
+    return (REPO / module.replace('.', '/') / '__init__.py').exists()
+
+
+def resolve(name):
+    """The module a dotted name lives in: ``compiler.build.BuildError`` ->
+    ``compiler.build``, ``compiler.compile`` -> ``compiler``."""
+    parts = name.split('.')
+    while len(parts) > 1 and '.'.join(parts) not in MODULES:
+        parts.pop()
+    return '.'.join(parts)
 
 
 def project_imports(source, module):
-    """The project modules (``micrograd``, ``compiler``...) ``source`` imports,
-    as dotted names, relative imports resolved against ``module``."""
+    """The project modules ``source`` imports anywhere (functions too), as
+    dotted module names, relative imports resolved against ``module``."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -60,58 +101,89 @@ def project_imports(source, module):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ''
             if node.level:
-                parent = module.split('.')[:len(module.split('.')) - node.level + (1 if is_package(module) else 0)]
+                parts = module.split('.')
+                parent = parts[:len(parts) - node.level + (1 if is_package(module) else 0)]
                 base = '.'.join(parent + ([base] if base else []))
-            names = [f'{base}.{a.name}' for a in node.names] + [base]
+            names = [f'{base}.{a.name}' for a in node.names]
         else:
             continue
-        found.update(n for n in names if n.split('.')[0] in ('micrograd', 'compiler', 'mnist_data'))
-    return found
-
-
-def is_package(module):
-    return (REPO / module.replace('.', '/') / '__init__.py').exists()
+        found.update(resolve(n) for n in names if n.split('.')[0] in PACKAGES)
+    return found - {module}
 
 
 def owner(name):
-    """The ``ALLOWED`` entry a dotted name belongs to (the longest matching prefix)."""
-    best = None
-    for key in ALLOWED:
-        if name == key or name.startswith(key + '.'):
-            if best is None or len(key) > len(best):
-                best = key
-    return best or name
+    """The ``ALLOWED`` entry a module belongs to (the longest matching prefix;
+    ``compiler`` only for the package itself), or None."""
+    if name == 'compiler':
+        return name
+    keys = [k for k in ALLOWED if k != 'compiler' and (name == k or name.startswith(k + '.'))]
+    return max(keys, key=len) if keys else None
 
 
 def violations(module, source):
-    rule = ALLOWED[owner(module)]
-    bad = []
-    for name in sorted(project_imports(source, module)):
-        target = owner(name)
-        if target == owner(module) or any(target == a or target.startswith(a + '.') for a in rule):
-            continue
-        # `from compiler.codegen import scalar` names compiler.codegen.scalar and compiler.codegen
-        if name in ('compiler', 'micrograd') and any(n.startswith(name + '.') for n in project_imports(source, module)):
-            continue
-        bad.append(name)
-    return bad
+    rule, mine = ALLOWED[owner(module)], owner(module)
+    return sorted(name for name in project_imports(source, module)
+                  if owner(name) != mine and owner(name) not in rule)
 
 
-def modules():
-    """Every project module governed by ``ALLOWED``, with its source."""
-    folders = {'micrograd': REPO / 'micrograd', 'compiler': REPO / 'compiler'}
-    for prefix, folder in folders.items():
-        for path in sorted(folder.rglob('*.py')):
-            rel = path.relative_to(folder).with_suffix('')
-            parts = [p for p in rel.parts if p != '__init__']
-            name = '.'.join([prefix, *parts])
-            if owner(name) in ALLOWED and name != 'compiler':
-                yield name, path.read_text()
+def import_graph(changed=None):
+    """module -> the modules it imports, for every module (``changed``:
+    ``{module: source}`` read instead of the files, to test the test)."""
+    sources = {name: path.read_text() for name, path in MODULES.items()}
+    sources.update(changed or {})
+    return {name: project_imports(source, name) for name, source in sources.items()}
 
 
-@pytest.mark.parametrize('module, source', list(modules()), ids=lambda x: x if '\n' not in x else '')
-def test_each_stage_imports_only_the_stages_before_it(module, source):
-    assert violations(module, source) == [], f"{module} imports against the direction of flow"
+def cycles(graph):
+    """Every strongly connected set of more than one module (Tarjan), each
+    as a sorted list: modules that import each other, directly or not."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_of_the_three_packages_has_a_rule():
+    assert len(MODULES) > 30
+    assert [m for m in MODULES if owner(m) is None] == [], "add the new module to ALLOWED"
+
+
+@pytest.mark.parametrize('module', sorted(MODULES))
+def test_each_module_imports_only_what_comes_before_it(module):
+    assert violations(module, MODULES[module].read_text()) == [], \
+        f"{module} imports against the direction of flow"
+
+
+def test_no_module_imports_itself_back():
+    assert cycles(import_graph()) == []
+
+
+def test_the_rules_themselves_flow_one_way():
+    rules = {k: {owner(a) for a in v} - {k} for k, v in ALLOWED.items()}
+    assert cycles(rules) == []
 
 
 @pytest.mark.parametrize('module, line', [
@@ -126,9 +198,29 @@ def test_each_stage_imports_only_the_stages_before_it(module, source):
     ('compiler.build.verify', 'from compiler.build.extension import build_extension'),
     ('compiler.build.cache', 'from compiler.build.run import run_compiler'),
     ('compiler.ir', 'from compiler.constants import ROW_BLOCK'),
+    ('compiler.export', 'def load(folder):\n    from compiler.model import CompiledModel'),
+    ('compiler.weights', 'from compiler.cli import OutputPathError'),
+    ('compiler.model', 'import compiler.cli'),
+    ('compiler', 'from compiler import cli'),
+    ('mnist_data.download', 'from compiler.files import atomic_write'),
+    ('mnist_data.model', 'def f():\n    import compiler\n    return compiler.compile'),
+    ('micrograd.nn', 'from mnist_data import N_PIXELS'),
+    ('compiler.summary', 'from compiler import compile'),
 ])
 def test_the_rule_catches_an_import_against_the_flow(module, line):
     assert violations(module, line + '\n') != []
+
+
+@pytest.mark.parametrize('module, line', [
+    ('compiler.codegen.matvec', 'def f():\n    from compiler.codegen import emit_module'),
+    ('compiler.codegen.layout', 'from compiler.codegen.matvec import MatVecRenderer'),
+    ('micrograd.engine', 'from micrograd.nn import MLP'),
+    ('mnist_data.idx', 'from mnist_data import folder'),
+    ('compiler.ir', 'def f():\n    from compiler import compile'),
+])
+def test_the_cycle_check_catches_a_cycle_the_rules_allow_or_miss(module, line):
+    source = MODULES[module].read_text() + '\n' + line + '\n'
+    assert cycles(import_graph({module: source})) != []
 
 
 def test_the_rule_allows_what_each_stage_needs():
@@ -137,6 +229,8 @@ def test_the_rule_allows_what_each_stage_needs():
     assert violations('compiler.codegen.matvec', 'from compiler.constants import ROW_BLOCK\n') == []
     assert violations('compiler.build.cache', 'from compiler.files import sha256_file\n') == []
     assert violations('compiler.build.extension', 'from compiler.build.run import run_compiler\n') == []
+    assert violations('compiler.model', 'from compiler.export import open_folder\n') == []
+    assert violations('compiler.__main__', 'from compiler.cli import run_cli\n') == []
 
 
 def test_the_wheel_holds_the_packages_and_their_c_files(tmp_path):

@@ -9,6 +9,7 @@ import io
 import json
 import signal
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,46 @@ def test_a_diverging_run_exits_1_without_samples(tmp_path):
     assert 'diverged at step' in err and 'samples' not in out
     report = json.loads(path.read_text())
     assert report['stopped'] == 'diverged' and report['steps'] < 50 and report['samples'] == []
+
+
+# ---- issue 21: divergence with finite numbers, files, threads, numpy -------------------
+
+def test_a_huge_rate_with_finite_losses_is_divergence_and_exits_1(tmp_path):
+    """--lr 1e6: the loss reaches 1e21 without becoming inf; the help's promise holds."""
+    path = tmp_path / 'metrics.json'
+    status, out, err = run_main([*TINY, '--lr', '1e6', '--steps', '30', '--metrics', path])
+    assert status == 1, out + err
+    assert 'diverged at step' in err and "times guessing's" in err, err
+    assert 'samples' not in out
+    report = json.loads(path.read_text())
+    assert report['stopped'] == 'diverged' and report['samples'] == []
+    assert max(report['losses'], default=0) <= 100 * math.log(report['config']['vocab_size'])
+
+
+@pytest.mark.parametrize('content, words', [
+    (bytes(range(256)) * 4, 'is not a text file of names: byte 128 is not UTF-8'),
+    (b'ann\x00\x01\x02\nbob\n', "is not a text file of names: it holds the control character '\\x00'"),
+])
+def test_a_binary_data_file_is_named(tmp_path, content, words):
+    path = tmp_path / 'names.bin'
+    path.write_bytes(content)
+    status, out, err = run_main([*TINY, '--data', path])
+    assert status == 1 and err == f'error: {path} {words}\n', err
+
+
+@pytest.mark.parametrize('value, words', [('abc', "must be a whole number of threads, not 'abc'"),
+                                          ('0', "must be at least 1, not '0'")])
+def test_a_bad_micrograd_threads_is_refused_before_tracing(value, words):
+    env = dict(os.environ, MICROGRAD_THREADS=value)
+    r = subprocess.run([sys.executable, str(SCRIPT), *TINY, '--steps', '3'], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert r.stderr == f"error: MICROGRAD_THREADS {words}\n"
+    assert 'compiling' not in r.stdout
+
+
+def test_without_numpy_the_script_says_how_to_set_up_in_one_line():
+    from tests.test_mnist_train_options import SETUP, without_numpy
+    r = without_numpy(SCRIPT)
+    assert r.returncode == 1 and r.stdout == ''
+    assert r.stderr == f"microgpt_train.py needs numpy; set up with: {SETUP}\n"

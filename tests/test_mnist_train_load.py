@@ -89,12 +89,13 @@ def test_loading_a_damaged_or_foreign_file_is_one_line_and_before_any_work(tmp_p
     assert phrase in err, err
 
 
-@pytest.mark.parametrize('name, phrase', [('missing.npz', 'No such file or directory'),
-                                          ('.', 'Is a directory')])
+@pytest.mark.parametrize('name, phrase', [('missing.npz', ': no such file'),
+                                          ('.', 'cannot read {path}: Is a directory')])
 def test_loading_a_path_that_is_no_file_is_one_line(tmp_path, name, phrase):
     status, out, err = run_main([*TCC, '--load', tmp_path / name])
     assert status == 1 and out == ''
-    assert err.startswith('error: cannot read ') and err.count('\n') == 1 and phrase in err, err
+    assert err.startswith('error: ') and err.count('\n') == 1, err
+    assert phrase.format(path=tmp_path / name) in err, err
 
 
 def test_every_single_byte_corruption_is_refused_or_harmless(tmp_path):
@@ -119,8 +120,8 @@ def test_every_single_byte_corruption_is_refused_or_harmless(tmp_path):
             np.testing.assert_array_equal(saved['params'], params)
             mnist_train.load_saved(model, path, saved, 'sgd')
             np.testing.assert_array_equal(model.params(), params)
-        except (mnist_train.WeightsError, compiler.weights.WeightsError) as e:
-            assert '\n' not in mnist_train.one_line(e)
+        except compiler.weights.WeightsError as e:
+            assert '\n' not in str(e)
             refused += 1
     assert refused > len(data) // 2
 

@@ -3,6 +3,8 @@
 on the embedded digits."""
 import json
 import os
+import subprocess
+import sys
 import re
 
 import numpy as np
@@ -12,7 +14,7 @@ import compiler
 import compiler.weights
 import mnist_data
 import mnist_train
-from tests.test_mnist_train import TCC, run_main, untrained_model
+from tests.test_mnist_train import SCRIPT, TCC, run_main, untrained_model
 
 QUICK = [*TCC, '--limit', '300', '--epochs', '1']      # 10 batches of 32 (the last of 12)
 BATCHES = 10
@@ -163,6 +165,28 @@ def test_a_bad_micrograd_threads_is_refused_before_any_work(monkeypatch):
     assert err == "error: MICROGRAD_THREADS must be a whole number of threads, not 'many'\n"
 
 
+def test_micrograd_threads_zero_names_the_variable(monkeypatch):
+    monkeypatch.setenv('MICROGRAD_THREADS', '0')
+    status, out, err = run_main(QUICK)
+    assert (status, out) == (1, '')
+    assert err == "error: MICROGRAD_THREADS must be at least 1, not '0'\n"
+
+
+def test_a_one_neuron_hidden_layer_trains(tmp_path):
+    """micrograd's Layer returns a bare Value for one neuron; the graph keeps a list."""
+    status, out, err = run_main([*TCC, '--limit', '64', '--epochs', '1', '--hidden', '1'])
+    assert status in (0, 1) and 'Traceback' not in err and 'is not iterable' not in err, err
+    assert 'model: 784-1-10 MLP, 805 parameters' in out
+    assert 'trained 1 epoch' in out
+
+
+def test_a_negative_seed_is_a_usage_error_in_a_real_process():
+    r = subprocess.run([sys.executable, str(SCRIPT), '--seed', '-1'], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=str(SCRIPT.parent)))
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
+    assert "argument --seed: must be >= 0, got -1" in r.stderr
+
+
 # -- --export ---------------------------------------------------------------------------
 
 def test_export_writes_a_folder_that_imports_and_predicts_as_trained(tmp_path):
@@ -259,3 +283,20 @@ def test_verbose_prints_the_summary_after_compiling():
     assert lines[compiled + len(summary) + 1].startswith('epoch 1/1  batch 1/2  loss ')
     status, out, err = run_main([*TCC, '--limit', '64', '--epochs', '1'])
     assert 'MatVec' not in out, 'only -v prints the summary'
+
+
+SETUP = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'"
+
+
+def without_numpy(script, *argv):
+    """Run ``script`` in a real process in which ``import numpy`` fails."""
+    code = ("import runpy, sys; sys.modules['numpy'] = None; "
+            f"sys.argv = [{str(script)!r}, *{list(argv)!r}]; runpy.run_path({str(script)!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(script.parent)))
+
+
+def test_without_numpy_the_script_says_how_to_set_up_in_one_line():
+    r = without_numpy(SCRIPT)
+    assert r.returncode == 1 and r.stdout == ''
+    assert r.stderr == f"mnist_train.py needs numpy; set up with: {SETUP}\n"

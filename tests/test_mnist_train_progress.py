@@ -160,7 +160,7 @@ needs_matplotlib = pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is
 
 @needs_matplotlib
 def test_plot_of_many_epochs_marks_points_on_whole_epochs():
-    fig = mnist_train.draw_curves(fake_history(5), [1.0] * 50, 10, 'title')
+    fig = cli.draw_curves(fake_history(5), [1.0] * 50, 10, 'title')
     try:
         for axes in fig.axes:
             assert axes.get_xlabel() == 'epoch'
@@ -168,14 +168,14 @@ def test_plot_of_many_epochs_marks_points_on_whole_epochs():
             assert [len(line.get_xdata()) for line in axes.get_lines()] == [5, 5]
             assert visible_ticks(axes) == [1, 2, 3, 4, 5]
     finally:
-        mnist_train.require_matplotlib().close(fig)
+        cli.require_matplotlib().close(fig)
 
 
 @needs_matplotlib
 @pytest.mark.parametrize('n_epochs', [1, 2])
 def test_plot_of_one_or_two_epochs_shows_every_batch(n_epochs):
     batch_losses = list(np.linspace(2.3, 0.5, 10 * n_epochs))
-    fig = mnist_train.draw_curves(fake_history(n_epochs), batch_losses, 10, 'title')
+    fig = cli.draw_curves(fake_history(n_epochs), batch_losses, 10, 'title')
     try:
         loss, accuracy = fig.axes
         assert loss.get_xlabel() == 'batch'
@@ -186,4 +186,4 @@ def test_plot_of_one_or_two_epochs_shows_every_batch(n_epochs):
         assert all(float(t).is_integer() for t in loss.get_xticks())
         assert all(line.get_marker() not in (None, '', 'None') for line in accuracy.get_lines())
     finally:
-        mnist_train.require_matplotlib().close(fig)
+        cli.require_matplotlib().close(fig)

@@ -125,3 +125,73 @@ def test_step_without_an_optimizer_needs_an_lr():
     m.step(0.25)                   # plain SGD with that lr
     assert m.params()[0] == 1.0 - 0.25 * 2.0
     assert math.isfinite(m.optimizer_state()[0])
+
+
+# -- settings and states that would poison training (issue 21, items 3 and 4) --------
+
+@pytest.mark.parametrize('make, word', [
+    (lambda: compiler.Adam(math.inf), 'lr must be a finite number'),
+    (lambda: compiler.AdamW(weight_decay=math.inf), 'weight_decay must be a finite number'),
+    (lambda: compiler.SGD(0.1, momentum=math.inf), 'momentum must be a finite number'),
+    (lambda: compiler.Adam(0.1, eps=math.inf), 'eps must be a finite number'),
+    (lambda: compiler.SGD(10 ** 400), 'lr must be a finite number'),
+])
+def test_infinite_settings_are_refused_at_construction(make, word):
+    with pytest.raises(ValueError, match=word):
+        make()
+
+
+@pytest.mark.parametrize('nesterov', ['yes', 0.5, 1, None])
+def test_nesterov_must_be_a_boolean(nesterov):
+    with pytest.raises(TypeError, match='nesterov must be True or False'):
+        compiler.SGD(0.1, momentum=0.9, nesterov=nesterov)
+
+
+def poisoned_states():
+    n = N
+    good = np.concatenate([[3.0], np.full(n, 0.1), np.full(n, 0.2)])    # Adam: t, m, v
+    cases = {'t = -1': (0, -1.0, 'step count t must be a whole number >= 0'),
+             't = 2.5': (0, 2.5, 'step count t must be a whole number >= 0'),
+             'negative v': (1 + n + 2, -1e-3, 'second moment v of parameter 2'),
+             'nan m': (1 + 4, np.nan, 'first moment m of parameter 4 is nan'),
+             'inf v': (1 + n + 1, np.inf, 'second moment v of parameter 1 is inf')}
+    for name, (at, value, word) in cases.items():
+        state = good.copy()
+        state[at] = value
+        yield pytest.param(state, word, id=name)
+    yield pytest.param(good[:-1], f'has {2 * n} numbers', id='one short')
+    yield pytest.param(np.array(['3'] + ['0.1'] * (2 * n)), 'must be a vector of numbers', id='strings')
+
+
+@pytest.mark.parametrize('state, word', list(poisoned_states()))
+def test_a_state_that_would_poison_training_is_refused_by_file_and_by_call(tmp_path, state, word):
+    from compiler.weights import WeightsError
+    m, step = gradient_feeder(compiler.Adam(0.01))
+    step(np.ones(N))
+    path = tmp_path / 'w.npz'
+    m.save_weights(path)
+    arrays = dict(np.load(path))
+    arrays['optimizer_state'] = state
+    np.savez(path, **arrays)
+    before, before_state = m.params(), m.optimizer_state()
+    with pytest.raises(WeightsError, match='optimizer state.*' + word):
+        m.load_weights(path)
+    if state.dtype.kind == 'f' and state.size == 1 + 2 * N:
+        with pytest.raises(WeightsError, match=word):
+            m.set_optimizer_state(state)
+    assert m.params().tolist() == before.tolist()
+    assert m.optimizer_state().tolist() == before_state.tolist()
+    step(np.ones(N))
+    assert np.isfinite(m.params()).all()
+
+
+def test_a_valid_state_round_trips_and_sgd_momentum_state_is_not_applied_to_plain_sgd(tmp_path):
+    m, step = gradient_feeder(compiler.SGD(0.1, momentum=0.9))
+    step(np.arange(N, dtype=float))
+    m.save_weights(tmp_path / 'w.npz')
+    other, _ = gradient_feeder(compiler.SGD(0.1, momentum=0.9))
+    other.load_weights(tmp_path / 'w.npz')
+    assert other.optimizer_state().tolist() == m.optimizer_state().tolist()
+    plain, _ = gradient_feeder(compiler.SGD(0.1))
+    plain.load_weights(tmp_path / 'w.npz')     # another configuration: parameters only
+    assert plain.params().tolist() == m.params().tolist() and plain.optimizer_state().tolist() == [0.0]
