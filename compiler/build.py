@@ -76,7 +76,6 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-from compiler.constants import OUT_BLOCK
 from compiler.files import (DEFAULT_CACHE_MAX, cache_root, disk_is_full, entry_lock, evict,
                             is_out_of_space, parse_size, remove_if_present, run_in_own_group,
                             sha256_file, sweep_temporaries, terminate_cleanly, touch,
@@ -319,8 +318,8 @@ def default_flags(toolchain, opt=None, native=False):
     if toolchain.family == 'gcc':
         # gcc keeps a loop's array of running sums in registers only once it
         # has unrolled the loop over it, by default up to 16 iterations; the
-        # vector ops' loops keep OUT_BLOCK
-        flags += [f'--param=max-completely-peel-times={OUT_BLOCK}',
+        # vector ops' loops keep 64 (placeholder home: the build engineer's)
+        flags += ['--param=max-completely-peel-times=64',
                   '--param=max-completely-peeled-insns=2000']
     return flags + ['-march=native'] if native else flags
 
@@ -608,8 +607,8 @@ def build_key(source, toolchain, flags, include_dir=None):
 
 # -- checking a shared object --------------------------------------------------------------
 
-# templates/module.c: PyModule_AddStringConstant(module, "program_hash", "<16 hex digits>")
-PROGRAM_HASH = re.compile(r'"program_hash"\s*,\s*"([0-9a-f]+)"')
+# the prologue of nn.c (compiler/codegen/module.py): #define NN_PROGRAM_HASH "<16 hex digits>"
+PROGRAM_HASH = re.compile(r'#define NN_PROGRAM_HASH "([0-9a-f]+)"')
 VERIFIED = 'checked-1'        # KEY.sha256 is '<sha256> checked-1': written after the checks passed
 LOAD_CHECK = '''\
 import importlib.machinery, importlib.util, sys
