@@ -35,7 +35,7 @@ GENERATOR_VERSION = '4'
 # The fixed C of the module unit, in order: before the program, after it, and the Python glue.
 _BEFORE = ('contract.h', 'kernels_api.c', 'program.h', 'state.h', 'pool.c', 'optimizer.c')
 _AFTER = ('batch.c', 'core.h', 'core.c')
-_PYTHON = ('args.c', 'module.c')
+_PYTHON = ('args.h', 'args.c', 'module.c')
 # Every template that is a C file of its own (the kernels' loops are built per instruction set).
 TEMPLATES = _BEFORE + _AFTER + _PYTHON
 

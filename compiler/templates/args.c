@@ -4,8 +4,7 @@
  * Conversions can run Python code (a __float__ method), so module.c converts
  * every argument before it takes the model. */
 #ifndef NN_AMALGAMATION
-#define NN_PYTHON 1
-#include "state.h"
+#include "args.h"
 #endif
 
 static int

@@ -257,6 +257,17 @@ nn_read_data(const NNState *st, double *out)
     memcpy(out + ROW_VALUES, st->p, sizeof(double) * N_SHARED);
 }
 
+HIDDEN const char *
+nn_kernels(const NNState *st)
+{
+#ifdef HAVE_MATVEC
+    return st->kernels->isa;
+#else
+    (void)st;
+    return "none";
+#endif
+}
+
 HIDDEN int
 nn_get_threads(const NNState *st)
 {

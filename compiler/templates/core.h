@@ -47,6 +47,8 @@ HIDDEN void nn_read_state(const NNState *st, double *out);        /* STATE_SIZE:
 HIDDEN void nn_write_state(NNState *st, const double *in);
 HIDDEN void nn_read_data(const NNState *st, double *out);         /* ROW_VALUES + N_SHARED */
 HIDDEN int nn_get_threads(const NNState *st);
+/* The instruction set of the MatVec loops this state runs ("none": no MatVec). */
+HIDDEN const char *nn_kernels(const NNState *st);
 /* Let nn_train_batch and nn_predict use up to n threads (1..MAX_THREADS; 1
  * with -DNN_NO_THREADS): the same bits for every n. NN_OK or NN_ENOMEM. */
 HIDDEN int nn_set_threads(NNState *st, int n);

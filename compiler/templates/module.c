@@ -44,6 +44,7 @@
 #ifndef NN_AMALGAMATION
 #define NN_PYTHON 1
 #include "core.h"
+#include "args.h"
 #endif
 #include <pthread.h>
 
@@ -425,7 +426,7 @@ nn_exec(PyObject *module)
         PyModule_AddIntConstant(module, "n_data", ROW_VALUES + N_SHARED) < 0 ||
         PyModule_AddIntConstant(module, "positions", POSITIONS) < 0 ||
         PyModule_AddIntConstant(module, "max_threads", MAX_THREADS) < 0 ||
-        PyModule_AddStringConstant(module, "kernels", st->kernels ? st->kernels->isa : "none") < 0 ||
+        PyModule_AddStringConstant(module, "kernels", nn_kernels(st)) < 0 ||
         PyModule_AddIntConstant(module, "state_size", STATE_SIZE) < 0 ||
         PyModule_AddStringConstant(module, "optimizer", OPT_NAME) < 0 ||
         PyModule_AddStringConstant(module, "program_hash", NN_PROGRAM_HASH) < 0 ||
