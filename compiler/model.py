@@ -4,6 +4,7 @@ import os
 import numpy as np
 
 from compiler import weights as weights_file
+from compiler.constants import MAX_THREADS
 from compiler.ir import features
 
 
@@ -58,7 +59,10 @@ class CompiledModel:
 
     @threads.setter
     def threads(self, n):
-        self.module.set_threads(n)
+        """``n`` threads (1 to ``MAX_THREADS``); ``None``: the default, as
+        ``compile(threads=None)`` chooses it. Waits while another thread uses
+        the model."""
+        self.module.set_threads(resolve_threads(n))
 
     def _read(self, read, n):
         out = np.empty(n)
@@ -184,22 +188,28 @@ def _vector(values, n, func):
     return values
 
 
-MAX_THREADS = 64     # as the generated module allows
+def usable_cores():
+    """The cores this process may run on (its affinity mask, where there is one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
 
 def resolve_threads(threads):
-    """``threads``, else ``$MICROGRAD_THREADS``, else the cores this process may use."""
+    """``threads``, else ``$MICROGRAD_THREADS``, else the cores this process
+    may use, capped silently at ``MAX_THREADS``. An explicit number (an
+    argument or the variable) above ``MAX_THREADS`` is an error."""
     if threads is None:
         env = os.environ.get('MICROGRAD_THREADS', '').strip()
-        if env:
-            try:
-                threads = int(env)
-            except ValueError:
-                raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
-        else:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+        if not env:
+            return max(1, min(usable_cores(), MAX_THREADS))
+        try:
+            threads = int(env)
+        except ValueError:
+            raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
+        if not 1 <= threads <= MAX_THREADS:
+            raise ValueError(f"MICROGRAD_THREADS must be from 1 to {MAX_THREADS}, not {env!r}")
+        return threads
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, not {type(threads).__name__}")
     if not 1 <= threads <= MAX_THREADS:
         raise ValueError(f"threads must be from 1 to {MAX_THREADS}, got {threads}")
-    return min(threads, MAX_THREADS)
+    return threads
