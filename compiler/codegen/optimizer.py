@@ -1,5 +1,6 @@
 """C of the compiled optimizer: its kind and numbers as constants for the
-step in ``templates/module.c`` (``optimizer_step``)."""
+step in ``compiler/templates/optimizer.c`` (``optimizer_step``), as
+lines of the generated prologue."""
 from compiler.codegen.scalar import c_double
 from compiler.optim import Adam, AdamW, SGD
 
