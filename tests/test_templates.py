@@ -81,7 +81,7 @@ def test_the_numbers_shared_with_python_have_one_home():
                 assert not re.search(rf'#define\s+{name}\b', path.read_text()), f"{path.name} defines {name}"
     source = compile_small('tcc' if 'tcc' in COMPILERS else COMPILERS[0]).source
     for name, value in constants.C_DEFINES.items():
-        assert f'#define {name} {value}\n' in source
+        assert re.search(rf'^#define {name} {value}\b', source, re.M), name
     assert not hasattr(constants, 'ZERO_GROUP') and not hasattr(constants, 'OUT_BLOCK')
 
 

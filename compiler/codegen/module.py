@@ -143,28 +143,32 @@ def emit_module(program, optimizer=None, initial_params=None):
     feats = features(program)
     runs = _runs(program, layout)
     uses_matvec = bool(layout.matvecs)
-    defines = {
-        'NN_GENERATOR_VERSION': f'"{GENERATOR_VERSION}"', 'NN_PROGRAM_HASH': f'"{digest}"',
-        'NN_GRAPH_HASH': f'"{program.graph_hash or "none"}"',
-        'NN_KERNELS_ALLOWED': '"' + ', '.join(KERNELS) + '"',
-        'N_INPUTS': program.n_inputs, 'N_PARAMS': program.n_params, 'N_OUTPUTS': len(program.outputs),
-        'N_FEATURES': len(feats),
-        'N_SHARED': numbers['n_shared'],            # parameters (with padding), then constants
-        'N_PARAM_SPAN': numbers['param_span'],      # p[0:N_PARAM_SPAN]: the parameters and their padding
-        'N_AUX': numbers['n_aux'],
-        'ROW_VALUES': numbers['row_values'],        # inputs, then computed values
-        'ROW_STRIDE': numbers['row_stride'],        # doubles from one row to the next (with contributions)
-        'BLOCK': numbers['block_rows'],             # rows run together
-        'SCRATCH_BYTES': numbers['scratch_bytes'],  # per thread, for the loop kernels
-        'POSITIONS': numbers['positions'],          # a sequence's positions (0: not a sequence)
-        'RECORDED': numbers['recorded'],            # scalar parameter contributions recorded per row
-        'WORK_PER_ROW': numbers['work_per_row'],    # about this many floating-point operations
-        'N_PARAM_RUNS': len(runs), **C_DEFINES}
+    defines = [
+        ('NN_GENERATOR_VERSION', f'"{GENERATOR_VERSION}"', 'micrograd-compiler\'s C generator'),
+        ('NN_PROGRAM_HASH', f'"{digest}"', 'names what this module computes (graph, optimizer, gradients)'),
+        ('NN_GRAPH_HASH', f'"{program.graph_hash or "none"}"', 'names the graph alone (its weights fit)'),
+        ('NN_KERNELS_ALLOWED', '"' + ', '.join(KERNELS) + '"', 'the values of $MICROGRAD_KERNELS'),
+        ('N_INPUTS', program.n_inputs, None), ('N_PARAMS', program.n_params, None),
+        ('N_OUTPUTS', len(program.outputs), None),
+        ('N_FEATURES', len(feats), 'the inputs the outputs depend on'),
+        ('N_SHARED', numbers['n_shared'], 'parameters (with padding), then constants'),
+        ('N_PARAM_SPAN', numbers['param_span'], 'p[0:N_PARAM_SPAN]: the parameters and their padding'),
+        ('N_AUX', numbers['n_aux'], 'packed copies of the weights'),
+        ('ROW_VALUES', numbers['row_values'], 'inputs, then computed values'),
+        ('ROW_STRIDE', numbers['row_stride'], 'doubles from one row to the next (with contributions)'),
+        ('BLOCK', numbers['block_rows'], 'rows run together'),
+        ('SCRATCH_BYTES', numbers['scratch_bytes'], 'per thread, for the loop kernels'),
+        ('POSITIONS', numbers['positions'], "a sequence's positions (0: not a sequence)"),
+        ('RECORDED', numbers['recorded'], 'scalar parameter contributions recorded per row'),
+        ('WORK_PER_ROW', numbers['work_per_row'], 'about this many floating-point operations'),
+        ('N_PARAM_RUNS', len(runs), 'rows of PARAM_RUNS'),
+        *[(name, value, 'compiler/constants.py') for name, value in C_DEFINES.items()]]
     if uses_matvec:
-        defines['HAVE_MATVEC'] = 1
+        defines.append(('HAVE_MATVEC', 1, 'MatVec ops: the loop kernels are built in'))
     if initial_params is not None:
-        defines['HAVE_INITIAL_PARAMS'] = 1
-    numbers_c = '\n'.join(f'#define {k} {v}' for k, v in defines.items())
+        defines.append(('HAVE_INITIAL_PARAMS', 1, 'an export: its weights are built in'))
+    numbers_c = '\n'.join(f'#define {name} {value}' + (f'   /* {why} */' if why else '')
+                           for name, value, why in defines)
     if optimizer_defines:
         numbers_c += '\n' + optimizer_defines
     tables = [_table('int', 'PARAM_RUNS[N_PARAM_RUNS][5]', runs),
