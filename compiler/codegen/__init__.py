@@ -5,8 +5,8 @@ Every line of C comes from this package: ``scalar.py`` (the op table),
 ``sums.py`` and ``matvec.py`` (one file per kind of vector op), ``layout.py``
 (where each slot lives), ``optimizer.py`` (the optimizer's constants), and
 ``module.py`` (the module's assembly: a generated prologue of ``#define``
-lines, the fixed C of ``compiler/templates/`` and the program). Only numbers this package formats itself and
-integer slot indices reach the C text: op names select rows of the op table,
+lines, the fixed C of ``compiler/templates/`` and the program). Only numbers
+this package formats itself and integer slot indices reach the C text: op names select rows of the op table,
 they are never copied.
 
 The program runs over blocks of rows (compiler/codegen/layout.py): its
@@ -124,7 +124,8 @@ class _Program:
         self.program = program
         self.flags = needs_grad(program)
         self.layout = Layout(program, self.flags)
-        self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * max(1, self.layout.row_stride))))   # (a loss that is a parameter: rows of nothing)
+        # (max(1, ...): a loss that is a parameter has rows of nothing)
+        self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * max(1, self.layout.row_stride))))
         self.scalar = ScalarRenderer(self.layout)
         self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
         self.functions = _Functions()
