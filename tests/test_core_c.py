@@ -17,30 +17,35 @@ MAIN = r'''
 
 int main(void)
 {
-    NNState a, b;
-    if (nn_open(&a) != NN_OK || nn_open(&b) != NN_OK)
+    void *a = malloc(nn_state_size()), *b = malloc(nn_state_size());
+    if (a == NULL || b == NULL || nn_init(a) != NN_OK || nn_init(b) != NN_OK)
         return 2;
-    double x[N_INPUTS], X[5 * N_INPUTS], params[N_PARAMS], out[N_OUTPUTS], loss;
+    double x[N_INPUTS], X[5 * N_INPUTS], params[N_PARAMS], out[N_OUTPUTS], rows[5 * N_OUTPUTS], loss;
     long bad;
     for (int i = 0; i < N_INPUTS; i++)
         x[i] = 0.25 * i - 1.0;
     for (int i = 0; i < 5 * N_INPUTS; i++)
         X[i] = (double)((i * 7) % 11) / 11.0 - 0.5;
-    nn_set_input(&a, x);
-    printf("%a\n", nn_forward(&a, -1));
-    nn_read_outputs(&a, out);
+    nn_set_input(a, x);
+    printf("%a\n", nn_forward(a, -1));
+    nn_read_outputs(a, out);
     printf("%a %a\n", out[0], out[N_OUTPUTS - 1]);
-    nn_set_threads(&b, 3);
+    nn_set_threads(b, 3);
     for (int step = 0; step < 3; step++)
-        if (nn_train_batch(&b, 5, X, 0.1, &loss, &bad) != NN_OK)
+        if (nn_train_batch(b, 5, X, 0.1, &loss, &bad) != NN_OK)
             return 3;
     printf("%a\n", loss);
-    nn_read_params(&b, params);             /* b trained; a did not */
+    nn_read_params(b, params);             /* b trained; a did not */
     printf("%a %a\n", params[0], params[N_PARAMS - 1]);
-    nn_read_params(&a, params);
+    nn_read_params(a, params);
     printf("%a %a\n", params[0], params[N_PARAMS - 1]);
-    nn_close(&a);
-    nn_close(&b);
+    if (nn_predict(b, 5, X, rows) != NN_OK)
+        return 4;
+    printf("%a %a\n", rows[0], rows[5 * N_OUTPUTS - 1]);
+    nn_release(a);
+    nn_release(b);
+    free(a);
+    free(b);
     return 0;
 }
 '''
@@ -52,7 +57,7 @@ def test_a_c_program_drives_two_states_of_the_core_to_the_modules_bits(tmp_path,
     sizes = [6, 20, 3]
     params = list(np.random.default_rng(4).standard_normal(sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))))
     m = compile_graph(mlp_builder(sizes), sizes[0] + sizes[-1], params, FAST_CC)
-    # nn.c as export writes it: the model's weights built in, loaded by nn_open
+    # nn.c as export writes it: the model's weights built in, loaded by nn_init
     (tmp_path / 'nn.c').write_text(str(emit_module(m.program, initial_params=m.params())))
     (tmp_path / 'main.c').write_text(MAIN)
     flags = ['-DNN_NO_PYTHON'] + ([] if threads else ['-DNN_NO_THREADS'])
@@ -78,3 +83,5 @@ def test_a_c_program_drives_two_states_of_the_core_to_the_modules_bits(tmp_path,
     assert lines[2] == [loss]
     assert lines[3] == [m.params()[0], m.params()[-1]]
     assert lines[4] == [initial[0], initial[-1]]      # the other state kept its own weights
+    predicted = m.predict(X)
+    assert lines[5] == [predicted[0, 0], predicted[-1, -1]]

@@ -53,7 +53,7 @@ typedef struct MatVecKernels MatVecKernels;
 
 /* $MICROGRAD_KERNELS: the instruction set the loops may use at most (every
  * one gives the same bits): 0 base, 1 avx2, 2 avx512; 3 unset or empty (no
- * limit); -1 anything else (nn_open refuses it: a typo must not pass
+ * limit); -1 anything else (nn_init refuses it: a typo must not pass
  * silently). */
 UNUSED static int
 kernels_request(void)

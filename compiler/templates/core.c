@@ -63,8 +63,9 @@ reserve_threads(NNState *st, int n)
 }
 
 HIDDEN int
-nn_open(NNState *st)
+nn_init(void *state)
 {
+    NNState *st = (NNState *)state;
     memset(st, 0, sizeof *st);
     pool_init(&st->pool);
     if (kernels_request() < 0)
@@ -79,7 +80,7 @@ nn_open(NNState *st)
     st->state = (double *)alloc_aligned(1 + (size_t)STATE_VECTORS * N_PARAM_SPAN, sizeof(double), &st->raw[7]);
     if (!st->p || !st->gp || !st->aux || !st->one_v || !st->one_g || !st->v || !st->g || !st->state ||
         reserve_threads(st, 1) != NN_OK) {
-        nn_close(st);
+        nn_release(st);
         return NN_ENOMEM;
     }
 #ifdef HAVE_MATVEC
@@ -99,8 +100,9 @@ nn_open(NNState *st)
 }
 
 HIDDEN void
-nn_close(NNState *st)
+nn_release(void *state)
 {
+    NNState *st = (NNState *)state;
     pool_stop(&st->pool);
     for (size_t i = 0; i < sizeof(st->raw) / sizeof(st->raw[0]); i++) {
         free(st->raw[i]);
@@ -115,15 +117,17 @@ nn_close(NNState *st)
 }
 
 HIDDEN void
-nn_set_input(NNState *st, const double *x)
+nn_set_input(void *state, const double *x)
 {
+    NNState *st = (NNState *)state;
     memcpy(st->one_v, x, sizeof(double) * N_INPUTS);
     st->forward_done = 0;
 }
 
 HIDDEN double
-nn_forward(NNState *st, int n)
+nn_forward(void *state, int n)
 {
+    NNState *st = (NNState *)state;
     Block b = block_of(st, st->one_v, st->one_g);
     b.upto = n >= 1 && n <= POSITIONS ? n : POSITIONS;
     forward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
@@ -133,10 +137,17 @@ nn_forward(NNState *st, int n)
 }
 
 HIDDEN int
-nn_backward(NNState *st)
+nn_has_forward(const void *state)
 {
+    return ((const NNState *)state)->forward_done;
+}
+
+HIDDEN void
+nn_backward(void *state)
+{
+    NNState *st = (NNState *)state;
     if (!st->forward_done)
-        return NN_ENOFORWARD;
+        return;
     Block b = block_of(st, st->one_v, st->one_g);
     b.input_grads = 1;
     b.upto = st->upto;
@@ -144,19 +155,20 @@ nn_backward(NNState *st)
     memset(st->one_g + N_INPUTS, 0, sizeof(double) * (ROW_STRIDE - N_INPUTS));
     backward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
     param_grads(&b, 1, 0, 1, SCRATCH_OF(st, 0));
-    return NN_OK;
 }
 
 HIDDEN void
-nn_zero_grad(NNState *st)
+nn_zero_grad(void *state)
 {
+    NNState *st = (NNState *)state;
     memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);
     memset(st->one_g, 0, sizeof(double) * N_INPUTS);
 }
 
 HIDDEN void
-nn_update(NNState *st, double lr)
+nn_update(void *state, double lr)
 {
+    NNState *st = (NNState *)state;
     for (int j = 0; j < N_PARAM_SPAN; j++)
         st->p[j] -= lr * st->gp[j];
     refresh_aux(st->p, st->aux);
@@ -164,15 +176,17 @@ nn_update(NNState *st, double lr)
 }
 
 HIDDEN void
-nn_step(NNState *st, double lr)
+nn_step(void *state, double lr)
 {
+    NNState *st = (NNState *)state;
     optimizer_step(st, lr, 1.0, 1);
     st->forward_done = 0;
 }
 
 HIDDEN int
-nn_train_batch(NNState *st, long rows, const double *X, double lr, double *mean_loss, long *bad)
+nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_loss, long *bad)
 {
+    NNState *st = (NNState *)state;
     double *losses = (double *)malloc(sizeof(double) * (size_t)(rows > 0 ? rows : 1));
     if (losses == NULL)
         return NN_ENOMEM;
@@ -190,42 +204,55 @@ nn_train_batch(NNState *st, long rows, const double *X, double lr, double *mean_
     return NN_OK;
 }
 
-HIDDEN void
-nn_predict(NNState *st, long rows, int cols, const double *X, double *out)
+HIDDEN int
+nn_predict_columns(void *state, long rows, int cols, const double *X, double *out)
 {
+    NNState *st = (NNState *)state;
     batch_predict(st, X, rows, cols, out, threads_for(st, rows, 0));
+    return NN_OK;
+}
+
+HIDDEN int
+nn_predict(void *state, long rows, const double *X, double *out)
+{
+    return nn_predict_columns(state, rows, N_INPUTS, X, out);
 }
 
 HIDDEN void
-nn_read_params(const NNState *st, double *out)
+nn_read_params(const void *state, double *out)
 {
+    const NNState *st = (const NNState *)state;
     params_to_user(st->p, out);
 }
 
 HIDDEN void
-nn_write_params(NNState *st, const double *in)
+nn_write_params(void *state, const double *in)
 {
+    NNState *st = (NNState *)state;
     params_from_user(in, st->p);
     refresh_aux(st->p, st->aux);
     st->forward_done = 0;
 }
 
 HIDDEN void
-nn_read_grads(const NNState *st, double *out)
+nn_read_grads(const void *state, double *out)
 {
+    const NNState *st = (const NNState *)state;
     params_to_user(st->gp, out);
 }
 
 HIDDEN void
-nn_read_input_grads(const NNState *st, double *out)
+nn_read_input_grads(const void *state, double *out)
 {
+    const NNState *st = (const NNState *)state;
     memcpy(out, st->one_g, sizeof(double) * N_INPUTS);
 }
 
 /* The outputs of the last nn_forward; those of positions it did not run are NaN. */
 HIDDEN void
-nn_read_outputs(const NNState *st, double *out)
+nn_read_outputs(const void *state, double *out)
 {
+    const NNState *st = (const NNState *)state;
     for (int i = 0; i < N_OUTPUTS; i++)
         out[i] = OUTPUT_POSITION[i] > st->upto ? NAN
                : OUTPUT_AT[i] >= 0 ? st->one_v[OUTPUT_AT[i]] : st->p[-OUTPUT_AT[i] - 1];
@@ -233,16 +260,18 @@ nn_read_outputs(const NNState *st, double *out)
 
 /* The optimizer's state: the step count, then its vectors in the user's order. */
 HIDDEN void
-nn_read_state(const NNState *st, double *out)
+nn_read_state(const void *state, double *out)
 {
+    const NNState *st = (const NNState *)state;
     out[0] = st->state[0];
     for (int k = 0; k < STATE_VECTORS; k++)
         params_to_user(st->state + 1 + (ptrdiff_t)k * N_PARAM_SPAN, out + 1 + (ptrdiff_t)k * N_PARAMS);
 }
 
 HIDDEN void
-nn_write_state(NNState *st, const double *in)
+nn_write_state(void *state, const double *in)
 {
+    NNState *st = (NNState *)state;
     st->state[0] = in[0];
     for (int k = 0; k < STATE_VECTORS; k++)
         params_from_user(in + 1 + (ptrdiff_t)k * N_PARAMS, st->state + 1 + (ptrdiff_t)k * N_PARAM_SPAN);
@@ -251,32 +280,35 @@ nn_write_state(NNState *st, const double *in)
 /* For debugging: the values of nn_set_input's row, then p (compiler/codegen/
  * layout.py says where each IR slot is). */
 HIDDEN void
-nn_read_data(const NNState *st, double *out)
+nn_read_data(const void *state, double *out)
 {
+    const NNState *st = (const NNState *)state;
     memcpy(out, st->one_v, sizeof(double) * ROW_VALUES);
     memcpy(out + ROW_VALUES, st->p, sizeof(double) * N_SHARED);
 }
 
 HIDDEN const char *
-nn_kernels(const NNState *st)
+nn_kernels(const void *state)
 {
 #ifdef HAVE_MATVEC
-    return st->kernels->isa;
+    return ((const NNState *)state)->kernels->isa;
 #else
-    (void)st;
+    (void)state;
     return "none";
 #endif
 }
 
 HIDDEN int
-nn_get_threads(const NNState *st)
+nn_get_threads(const void *state)
 {
+    const NNState *st = (const NNState *)state;
     return st->threads;
 }
 
 HIDDEN int
-nn_set_threads(NNState *st, int n)
+nn_set_threads(void *state, int n)
 {
+    NNState *st = (NNState *)state;
 #ifdef NN_NO_THREADS
     n = 1;
 #endif

@@ -51,7 +51,7 @@
 /* The module's state: the model, and who may use it. */
 typedef struct {
     NNState nn;
-    int open;                 /* nn_open succeeded */
+    int open;                 /* nn_init succeeded */
     pthread_mutex_t lock;     /* held by the call using nn */
     pid_t pid;                /* the process that initialised `lock` */
 } ModuleState;
@@ -171,9 +171,10 @@ py_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     NNState *st;
     if (!check_nargs("backward", nargs, 0, 0) || (st = take_model(module)) == NULL)
         return NULL;
-    const int status = nn_backward(st);
+    const int ready = nn_has_forward(st);
+    nn_backward(st);
     release_model(module);
-    if (status == NN_ENOFORWARD) {
+    if (!ready) {
         PyErr_SetString(PyExc_RuntimeError,
                         "backward() needs the values of forward(): call forward() after "
                         "set_input(), write_params(), update(), step() or train_batch()");
@@ -230,8 +231,8 @@ py_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * (to_caller: into it; else from it, refusing inf and NaN). */
 static PyObject *
 copy_vector(PyObject *module, PyObject *const *args, Py_ssize_t nargs, const char *func,
-            const char *arg, int to_caller, Py_ssize_t n, void (*read)(const NNState *, double *),
-            void (*write)(NNState *, const double *))
+            const char *arg, int to_caller, Py_ssize_t n, void (*read)(const void *, double *),
+            void (*write)(void *, const double *))
 {
     NNState *st;
     Py_buffer view;
@@ -348,7 +349,7 @@ py_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const long rows = (long)xv.shape[0];
     const int cols = (int)xv.shape[1];
     Py_BEGIN_ALLOW_THREADS
-    nn_predict(st, rows, cols, (const double *)xv.buf, (double *)ov.buf);
+    nn_predict_columns(st, rows, cols, (const double *)xv.buf, (double *)ov.buf);
     Py_END_ALLOW_THREADS
     release_model(module);
     PyBuffer_Release(&ov);
@@ -405,7 +406,7 @@ static int
 nn_exec(PyObject *module)
 {
     ModuleState *ms = (ModuleState *)PyModule_GetState(module);
-    const int status = nn_open(&ms->nn);
+    const int status = nn_init(&ms->nn);
     if (status == NN_EKERNELS) {
         PyErr_Format(PyExc_ValueError, "MICROGRAD_KERNELS must be one of %s (or unset), not '%s'",
                      NN_KERNELS_ALLOWED, getenv("MICROGRAD_KERNELS"));
@@ -455,7 +456,7 @@ nn_free(void *module)
     ModuleState *ms = (ModuleState *)PyModule_GetState((PyObject *)module);
     if (ms == NULL || !ms->open)
         return;
-    nn_close(&ms->nn);
+    nn_release(&ms->nn);
     ms->open = 0;
 }
 

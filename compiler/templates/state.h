@@ -85,7 +85,7 @@ typedef struct NNState {
     int forward_done;         /* nn_backward() needs the values of an nn_forward() */
     int upto;                 /* the positions of the last nn_forward() (a sequence) */
     const MatVecKernels *kernels;   /* the MatVec loops for this CPU (NULL: none) */
-    int vector_level;         /* the optimizer's loops: vector_level() at nn_open */
+    int vector_level;         /* the optimizer's loops: vector_level() at nn_init */
     Pool pool;
 } NNState;
 
