@@ -21,6 +21,7 @@ the order of ``_MODULE``:
 - ``args.c``, ``module.c``  the CPython module (under ``NN_PYTHON``)
 """
 import hashlib
+import re
 
 from compiler.codegen import _Program, optimizer as optimizer_c
 from compiler.codegen.scalar import c_double
@@ -28,7 +29,7 @@ from compiler.constants import C_DEFINES, KERNELS
 from compiler.ir import features
 from compiler.templates import read_template
 
-__all__ = ['emit_module', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
+__all__ = ['emit_module', 'emit_header', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
 
 GENERATOR_VERSION = '4'
 
@@ -197,3 +198,38 @@ def emit_module(program, optimizer=None, initial_params=None):
         parts.append(('kernels', '\n'.join([common, read_template('kernels_api.c'), kernel_code])))
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
     return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight])
+
+
+# core.h's names, as nn.h spells them (a user's program sees only nn.h)
+_HEADER_NAMES = ('N_INPUTS', 'N_PARAMS', 'N_OUTPUTS', 'N_FEATURES', 'POSITIONS', 'STATE_SIZE', 'MAX_THREADS')
+
+
+def emit_header(source):
+    """``nn.h``: the C API of the plain C build of ``source`` (an
+    ``emit_module`` result), for C programs and other languages' FFI: its
+    sizes as ``NN_`` macros and ``core.h``'s declarations, copied."""
+    def number(name):
+        return re.search(rf'^#define {name} (\S+)', source, re.M).group(1)
+    core = read_template('core.h')
+    api = core[core.index('/* nn.h begins'):core.index('/* nn.h ends */')]
+    api = api[api.index('\n') + 1:].replace('NN_API ', '')
+    api = re.sub(r'\b(%s)\b' % '|'.join(_HEADER_NAMES), r'NN_\1', api)
+    optimizer = re.search(r'^#define OPT_NAME "(\w+)"', source, re.M)
+    vectors = number('OPT_STATE_VECTORS') if optimizer else 0
+    sizes = [('NN_N_INPUTS', number('N_INPUTS'), 'inputs, in the order given to compile()'),
+             ('NN_N_PARAMS', number('N_PARAMS'), 'parameters, in the order given to compile()'),
+             ('NN_N_OUTPUTS', number('N_OUTPUTS'), 'outputs'),
+             ('NN_N_FEATURES', number('N_FEATURES'), 'the inputs the outputs depend on'),
+             ('NN_POSITIONS', number('POSITIONS'), "a sequence's positions (0: one loss)"),
+             ('NN_STATE_SIZE', f'(1 + {vectors} * NN_N_PARAMS)', "the optimizer's state: t, then its vectors"),
+             ('NN_MAX_THREADS', number('MAX_THREADS'), None)]
+    return '\n'.join([
+        f'/* nn.h: the C API of nn.c, one compiled micrograd graph (program {number("NN_PROGRAM_HASH")[1:-1]},',
+        f' * optimizer {optimizer.group(1) if optimizer else "none"}). Build nn.c as plain C, without Python:',
+        ' *     cc -O2 -c -DNN_NO_PYTHON nn.c                  (then link with -lm -lpthread)',
+        ' *     cc -O2 -c -DNN_NO_PYTHON -DNN_NO_THREADS nn.c  (one thread, no pthreads: -lm)',
+        ' * Its floating-point contract is in nn.c: every compiler and level gives the',
+        ' * interpreter\'s bits. Nothing is global: each state is a model of its own. */',
+        '#ifndef NN_H', '#define NN_H', '#include <stddef.h>', '#ifdef __cplusplus', 'extern "C" {', '#endif', '',
+        *[f'#define {name} {value}' + (f'   /* {why} */' if why else '') for name, value, why in sizes],
+        api.rstrip(), '', '#ifdef __cplusplus', '}', '#endif', '#endif', ''])

@@ -47,6 +47,16 @@
 #define UNUSED
 #endif
 
+/* The C API (core.h): hidden inside the Python module, exported by a plain C
+ * build (-DNN_NO_PYTHON: a library for C programs and other languages' FFI). */
+#ifndef NN_API
+#ifdef NN_PYTHON
+#define NN_API HIDDEN
+#else
+#define NN_API
+#endif
+#endif
+
 /* The loops of the MatVec ops for one instruction set (kernels_api.c); the
  * module state holds the set chosen at load, each Block carries it. */
 typedef struct MatVecKernels MatVecKernels;

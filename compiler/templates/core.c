@@ -33,7 +33,7 @@ params_from_user(const double *restrict user, double *restrict internal)
     }
 }
 
-HIDDEN size_t
+NN_API size_t
 nn_state_size(void)
 {
     return sizeof(NNState);
@@ -62,7 +62,7 @@ reserve_threads(NNState *st, int n)
     return NN_OK;
 }
 
-HIDDEN int
+NN_API int
 nn_init(void *state)
 {
     NNState *st = (NNState *)state;
@@ -99,7 +99,7 @@ nn_init(void *state)
     return NN_OK;
 }
 
-HIDDEN void
+NN_API void
 nn_release(void *state)
 {
     NNState *st = (NNState *)state;
@@ -116,7 +116,7 @@ nn_release(void *state)
     st->p = NULL;
 }
 
-HIDDEN void
+NN_API void
 nn_set_input(void *state, const double *x)
 {
     NNState *st = (NNState *)state;
@@ -124,7 +124,7 @@ nn_set_input(void *state, const double *x)
     st->forward_done = 0;
 }
 
-HIDDEN double
+NN_API double
 nn_forward(void *state, int n)
 {
     NNState *st = (NNState *)state;
@@ -136,13 +136,13 @@ nn_forward(void *state, int n)
     return LOSS_OF(st->one_v, st->p);
 }
 
-HIDDEN int
+NN_API int
 nn_has_forward(const void *state)
 {
     return ((const NNState *)state)->forward_done;
 }
 
-HIDDEN void
+NN_API void
 nn_backward(void *state)
 {
     NNState *st = (NNState *)state;
@@ -157,7 +157,7 @@ nn_backward(void *state)
     param_grads(&b, 1, 0, 1, SCRATCH_OF(st, 0));
 }
 
-HIDDEN void
+NN_API void
 nn_zero_grad(void *state)
 {
     NNState *st = (NNState *)state;
@@ -165,7 +165,7 @@ nn_zero_grad(void *state)
     memset(st->one_g, 0, sizeof(double) * N_INPUTS);
 }
 
-HIDDEN void
+NN_API void
 nn_update(void *state, double lr)
 {
     NNState *st = (NNState *)state;
@@ -175,7 +175,7 @@ nn_update(void *state, double lr)
     st->forward_done = 0;
 }
 
-HIDDEN void
+NN_API void
 nn_step(void *state, double lr)
 {
     NNState *st = (NNState *)state;
@@ -183,7 +183,7 @@ nn_step(void *state, double lr)
     st->forward_done = 0;
 }
 
-HIDDEN int
+NN_API int
 nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_loss, long *bad)
 {
     NNState *st = (NNState *)state;
@@ -204,7 +204,7 @@ nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_
     return NN_OK;
 }
 
-HIDDEN int
+NN_API int
 nn_predict_columns(void *state, long rows, int cols, const double *X, double *out)
 {
     NNState *st = (NNState *)state;
@@ -212,20 +212,20 @@ nn_predict_columns(void *state, long rows, int cols, const double *X, double *ou
     return NN_OK;
 }
 
-HIDDEN int
+NN_API int
 nn_predict(void *state, long rows, const double *X, double *out)
 {
     return nn_predict_columns(state, rows, N_INPUTS, X, out);
 }
 
-HIDDEN void
+NN_API void
 nn_read_params(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
     params_to_user(st->p, out);
 }
 
-HIDDEN void
+NN_API void
 nn_write_params(void *state, const double *in)
 {
     NNState *st = (NNState *)state;
@@ -234,14 +234,14 @@ nn_write_params(void *state, const double *in)
     st->forward_done = 0;
 }
 
-HIDDEN void
+NN_API void
 nn_read_grads(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
     params_to_user(st->gp, out);
 }
 
-HIDDEN void
+NN_API void
 nn_read_input_grads(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
@@ -249,7 +249,7 @@ nn_read_input_grads(const void *state, double *out)
 }
 
 /* The outputs of the last nn_forward; those of positions it did not run are NaN. */
-HIDDEN void
+NN_API void
 nn_read_outputs(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
@@ -259,7 +259,7 @@ nn_read_outputs(const void *state, double *out)
 }
 
 /* The optimizer's state: the step count, then its vectors in the user's order. */
-HIDDEN void
+NN_API void
 nn_read_state(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
@@ -268,7 +268,7 @@ nn_read_state(const void *state, double *out)
         params_to_user(st->state + 1 + (ptrdiff_t)k * N_PARAM_SPAN, out + 1 + (ptrdiff_t)k * N_PARAMS);
 }
 
-HIDDEN void
+NN_API void
 nn_write_state(void *state, const double *in)
 {
     NNState *st = (NNState *)state;
@@ -279,7 +279,7 @@ nn_write_state(void *state, const double *in)
 
 /* For debugging: the values of nn_set_input's row, then p (compiler/codegen/
  * layout.py says where each IR slot is). */
-HIDDEN void
+NN_API void
 nn_read_data(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
@@ -287,7 +287,7 @@ nn_read_data(const void *state, double *out)
     memcpy(out + ROW_VALUES, st->p, sizeof(double) * N_SHARED);
 }
 
-HIDDEN const char *
+NN_API const char *
 nn_kernels(const void *state)
 {
 #ifdef HAVE_MATVEC
@@ -298,14 +298,14 @@ nn_kernels(const void *state)
 #endif
 }
 
-HIDDEN int
+NN_API int
 nn_get_threads(const void *state)
 {
     const NNState *st = (const NNState *)state;
     return st->threads;
 }
 
-HIDDEN int
+NN_API int
 nn_set_threads(void *state, int n)
 {
     NNState *st = (NNState *)state;

@@ -22,14 +22,9 @@
 #define OPT_HAS_MOMENTUM 0
 #define OPT_WEIGHT_DECAY 0.0
 #define OPT_HAS_WEIGHT_DECAY 0
+#define OPT_STATE_VECTORS 0
 #endif
-#if OPT_KIND == OPT_ADAM || OPT_KIND == OPT_ADAMW
-#define STATE_VECTORS 2                   /* m, v */
-#elif OPT_KIND == OPT_SGD && OPT_HAS_MOMENTUM
-#define STATE_VECTORS 1                   /* the momentum buffer */
-#else
-#define STATE_VECTORS 0
-#endif
+#define STATE_VECTORS OPT_STATE_VECTORS   /* Adam: m, v; SGD with momentum: its buffer */
 #define STATE_SIZE (1 + STATE_VECTORS * N_PARAMS)   /* as nn_read_state sees it: t, then vectors */
 
 /* ---- threads (pool.c) ----------------------------------------------------- */
