@@ -1,18 +1,22 @@
-"""Numbers and names shared by the code generator, the build and the C template.
-
-The generated C is shaped by these; ``compiler/build.py`` picks flags to
-match them, and ``templates/module.c`` receives them through placeholders.
-Nothing here depends on a particular program.
+"""Numbers and names shared by the code generator, the build and the C
+templates: each has its home here. Those the fixed C needs reach it as
+``#define`` lines of the generated prologue (``C_DEFINES``, written by
+``compiler/codegen/module.py``), never as copies. Nothing here depends on a
+particular program.
 """
 
-# Outputs whose running sums a vector-op loop keeps in registers at once: 8
-# AVX-512 registers. Each sum is a chain of dependent additions, so the loop
-# is only as fast as it has independent sums in flight (benchmarks: 64
-# trains 5-20% faster than 16 with AVX2 and AVX-512).
-OUT_BLOCK = 64
+# Threads a module may run at most (helpers, and scratch memory per thread,
+# are allocated for the threads in use; this only bounds a request).
+# compile(threads=None) and load() cap at the cores this process may use.
+MAX_THREADS = 1024
 
-# Columns of x tested at once for zeros.
-ZERO_GROUP = 8
+# The MatVec loop kernels' tile sizes (templates/kernels_body.c): neurons per
+# forward panel and per weight-gradient tile (the padding of a weight
+# block's rows, compiler/codegen/layout.py), inputs per input-gradient panel,
+# inputs per weight-gradient tile (they share one list of rows).
+MV_NR = 16
+MV_BGX_NK = 16
+MV_BGW_MK = 16
 
 # Input rows a module runs through forward and backward together (a block):
 # its threads share a block's rows, and parameter gradients are added up
@@ -20,6 +24,10 @@ ZERO_GROUP = 8
 # gradients take at most BLOCK_BYTES (fewer rows when rows are large).
 BLOCK_ROWS = 256
 BLOCK_BYTES = 16 << 20
+
+# Values of $MICROGRAD_KERNELS: the instruction set the loops may use at most
+# (every one gives the same bits; unset: the widest this CPU has).
+KERNELS = ('base', 'avx2', 'avx512')
 
 # Each row's values and gradients start on a multiple of this many doubles
 # (64 bytes: a cache line, an AVX-512 vector).
@@ -48,3 +56,6 @@ CHUNK = 2000
 FORWARD_PARAMS = ('double *restrict v, const double *restrict p', 'v, p')
 BACKWARD_PARAMS = ('const double *restrict v, double *restrict g, const double *restrict p, '
                    'double *restrict gp', 'v, g, p, gp')
+
+# The numbers above that the fixed C uses, as the prologue's #defines.
+C_DEFINES = {'MAX_THREADS': MAX_THREADS, 'MV_NR': MV_NR, 'MV_BGX_NK': MV_BGX_NK, 'MV_BGW_MK': MV_BGW_MK}

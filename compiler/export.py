@@ -33,7 +33,7 @@ from compiler.load import ChangedFile, load_module
 
 FORMAT = 1
 SO_NAME = 'nn.abi3.so'
-PYTHON_ABI = 'cp311-abi3'      # Py_LIMITED_API 0x030B0000 in templates/module.c
+PYTHON_ABI = 'cp311-abi3'      # Py_LIMITED_API 0x030B0000 in compiler/templates/contract.h
 
 
 class ExportError(ValueError):

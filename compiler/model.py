@@ -6,6 +6,7 @@ import numpy as np
 
 from compiler import weights as weights_file
 from compiler.build.process import usable_cores
+from compiler.constants import MAX_THREADS
 from compiler.export import check_module, export, open_folder
 from compiler.ir import features
 
@@ -61,7 +62,10 @@ class CompiledModel:
 
     @threads.setter
     def threads(self, n):
-        self.module.set_threads(n)
+        """``n`` threads (1 to ``MAX_THREADS``); ``None``: the default, as
+        ``compile(threads=None)`` chooses it. Waits while another thread uses
+        the model."""
+        self.module.set_threads(resolve_threads(n))
 
     def _read(self, read, n):
         out = np.empty(n)
@@ -227,24 +231,25 @@ def _vector(values, n, func):
     return values
 
 
-MAX_THREADS = 64     # as the generated module allows
-
-
 def resolve_threads(threads):
-    """``threads``, else ``$MICROGRAD_THREADS``, else the cores this process may use."""
+    """``threads``, else ``$MICROGRAD_THREADS``, else the cores this process
+    may use, capped silently at ``MAX_THREADS``. An explicit number (an
+    argument or the variable) above ``MAX_THREADS`` is an error."""
     if threads is None:
         env = os.environ.get('MICROGRAD_THREADS', '').strip()
-        if env:
-            try:
-                threads = int(env)
-            except ValueError:
-                raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
-            if threads < 1:
-                raise ValueError(f"MICROGRAD_THREADS must be at least 1, not {env!r}")
-        else:
-            threads = usable_cores()
+        if not env:
+            return max(1, min(usable_cores(), MAX_THREADS))
+        try:
+            threads = int(env)
+        except ValueError:
+            raise ValueError(f"MICROGRAD_THREADS must be a whole number of threads, not {env!r}") from None
+        if threads < 1:
+            raise ValueError(f"MICROGRAD_THREADS must be at least 1, not {env!r}")
+        if threads > MAX_THREADS:
+            raise ValueError(f"MICROGRAD_THREADS must be from 1 to {MAX_THREADS}, not {env!r}")
+        return threads
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, not {type(threads).__name__}")
     if not 1 <= threads <= MAX_THREADS:
         raise ValueError(f"threads must be from 1 to {MAX_THREADS}, got {threads}")
-    return min(threads, MAX_THREADS)
+    return threads

@@ -11,7 +11,8 @@ from compiler.weights import WeightsError
 from micrograd import Value, cross_entropy
 from micrograd.nn import MLP
 
-from tests.differential import COMPILERS, FAST_CC, assert_matches_interpreter, needs_cc, same
+from tests.differential import (COMPILERS, FAST_CC, assert_matches_interpreter, assert_train_batch_matches_interpreter,
+                                needs_cc, same)
 
 pytestmark = needs_cc
 
@@ -224,6 +225,22 @@ def test_a_loss_of_inputs_only_needs_no_params():
         m = compiler.compile((x * 2.0 + 1.0).tanh(), [x], cc=FAST_CC)
     m.set_input([0.5])
     assert m.forward() == math.tanh(2.0)
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_a_parameter_as_the_loss_matches_the_interpreter(cc):
+    """compile(w, params=[w]): no rows to compute, d w / d w = 1 (set by
+    backward, as the interpreter sets the root's gradient), for one row and
+    for a batch."""
+    def build(inputs, params):
+        return params[0], [params[0]]
+    for params in ([2.5], [-0.0]):
+        model = assert_matches_interpreter(build, [[]], params, cc)
+        assert model.grads().tolist() == [1.0]
+    def build_in(inputs, params):      # and with inputs nothing depends on
+        return params[1], [params[0] * inputs[0]]
+    assert_matches_interpreter(build_in, [[0.5], [-2.0]], [3.0, 1.5], cc)
+    assert_train_batch_matches_interpreter(build_in, np.ones((5, 1)), [3.0, 1.5], 0.25, cc, steps=3)
 
 
 def test_an_undeclared_leaf_is_warned_about_by_count_and_label():

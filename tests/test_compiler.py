@@ -235,7 +235,7 @@ def test_special_constants_survive_every_compiler(cc):
         terms = [inputs[0] * s for s in specials]   # constants as operands
         return params[0] * inputs[0], terms
     m = assert_matches_interpreter(build, [[1.0], [-1.0]], [0.5], cc)
-    init = m.source[m.source.index('init_constants(double'):]
+    init = m.source[m.source.index('\ninit_constants(double'):]   # the definition (program.h declares it)
     init = init[:init.index('\n}')]
     # finite constants from a table, in slot order; inf and nan set after it
     assert '    p[1] = INFINITY;' in init and '    p[2] = (-INFINITY);' in init

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler.constants import MAX_THREADS
 from compiler.build import default_flags, find_compiler
 from tests.differential import COMPILERS, FAST_CC, assert_train_batch_matches_interpreter, compile_graph, needs_cc
 from tests.graphs import mlp_builder
@@ -132,10 +133,13 @@ def test_the_environment_sets_the_default_and_an_argument_wins(monkeypatch):
     monkeypatch.setenv('MICROGRAD_THREADS', '0')      # the message names the variable (issue 21.9)
     with pytest.raises(ValueError, match="MICROGRAD_THREADS must be at least 1, not '0'"):
         compile_small(FAST_CC)
+    monkeypatch.setenv('MICROGRAD_THREADS', str(MAX_THREADS + 1))
+    with pytest.raises(ValueError, match=f"MICROGRAD_THREADS must be from 1 to {MAX_THREADS}, not '{MAX_THREADS + 1}'"):
+        compile_small(FAST_CC)
 
 
 @needs_cc
-@pytest.mark.parametrize('n', [1, 2, 7, 64])
+@pytest.mark.parametrize('n', [1, 2, 7, 64, 65, 200, MAX_THREADS])
 def test_any_positive_count_is_kept_as_given(small, n):
     old = small.threads
     try:
@@ -146,13 +150,80 @@ def test_any_positive_count_is_kept_as_given(small, n):
 
 
 @needs_cc
-@pytest.mark.parametrize('bad, error', [(0, ValueError), (-2, ValueError), (65, ValueError),
-                                        (2.0, TypeError), ('2', TypeError), (None, TypeError)])
+@pytest.mark.parametrize('bad, error', [(0, ValueError), (-2, ValueError), (MAX_THREADS + 1, ValueError),
+                                        (2 ** 70, ValueError), (2.0, TypeError), ('2', TypeError),
+                                        (True, TypeError)])
 def test_a_bad_count_is_refused_and_changes_nothing(small, bad, error):
     old = small.threads
     with pytest.raises(error):
         small.threads = bad
+    with pytest.raises(error):
+        small.module.set_threads(bad)
     assert small.threads == old
+
+
+@needs_cc
+def test_threads_none_means_the_default(small, monkeypatch):
+    monkeypatch.setenv('MICROGRAD_THREADS', '3')
+    old = small.threads
+    try:
+        small.threads = 1
+        small.threads = None
+        assert small.threads == 3
+    finally:
+        small.threads = old
+
+
+# -- more cores than any fixed cap: real processes with a simulated CPU count --------
+
+MANY_CORES = textwrap.dedent('''
+    import json, os, sys
+    sys.path[:0] = [{root!r}]
+    os.sched_getaffinity = lambda pid: set(range({cores}))     # this machine, as if it had {cores} CPUs
+    import numpy as np
+    import compiler
+    from tests.differential import compile_graph
+    from tests.graphs import compile_small, mlp_builder
+    from tests.test_cores import batch, mlp_params, split_flags
+    report = {{'default': compile_small({cc!r}).threads}}
+    m = compile_small({cc!r}, threads={explicit})
+    report['explicit'] = m.threads
+    sizes = [40, 24, 6]
+    params = mlp_params(sizes)
+    X = batch(40, 6, 300)
+    one = compile_graph(mlp_builder(sizes), 46, params, {cc!r}, flags=split_flags({cc!r}), threads=1)
+    many = compile_graph(mlp_builder(sizes), 46, params, {cc!r}, flags=split_flags({cc!r}))
+    report['many'] = many.threads
+    a = [one.train_batch(X, 0.1), one.params().tobytes(), one.predict(X).tobytes()]
+    b = [many.train_batch(X, 0.1), many.params().tobytes(), many.predict(X).tobytes()]
+    report['same'] = a == b
+    try:
+        compile_small({cc!r}, threads={too_many})
+        report['too_many'] = 'accepted'
+    except ValueError as e:
+        report['too_many'] = str(e)
+    print(json.dumps(report))
+''')
+
+
+@needs_cc
+@pytest.mark.parametrize('cores', [128, MAX_THREADS + 500])
+def test_more_cpus_than_the_old_cap_work_by_default(cores):
+    """With 128 CPUs visible (and more than MAX_THREADS), the default uses
+    them all (capped silently at MAX_THREADS), an explicit 100 is kept, a
+    batch on that many threads gives the bits of one thread, and only an
+    explicit count above MAX_THREADS is an error."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS='1', OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
+    env.pop('MICROGRAD_THREADS', None)
+    script = MANY_CORES.format(root=root, cc=FAST_CC, cores=cores, explicit=100, too_many=MAX_THREADS + 1)
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    expected = min(cores, MAX_THREADS)
+    assert report['default'] == expected and report['many'] == expected and report['explicit'] == 100
+    assert report['same']
+    assert f'threads must be from 1 to {MAX_THREADS}, got {MAX_THREADS + 1}' in report['too_many']
 
 
 # -- several Python threads, each running several C threads -------------------

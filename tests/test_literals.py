@@ -22,7 +22,7 @@ C_NUMBER = re.compile(r'(?<![\w.])(0[xX][0-9a-fA-F]*\.?[0-9a-fA-F]*(?:[pP][+-]?\
 # Declarations of integers and pointers (slot offsets, loop counters, flags, row orders).
 INTEGER_DECLARATION = re.compile(r'^(?:static\s+)?(?:const\s+)?(?:Py_ssize_t|int|double\s*\*\s*restrict'
                                  r'|double\s+\*|static\s+NOINLINE|static\s+void)\b|\*\s*restrict')
-KERNEL_CALL = re.compile(r'(?:\bK->\w+|\bmv_\w+|\bmatvec\w*)\(')
+KERNEL_CALL = re.compile(r'(?:\bb->k->\w+|\bmv_\w+|\bmatvec\w*)\(')   # b->k: the Block's loop kernels
 INTEGER_VARIABLES = re.compile(r'\b(?:int|Py_ssize_t)\s+([^;{}()]*)')
 
 
@@ -151,8 +151,8 @@ def test_the_literal_checker_finds_bad_literals():
                                             '    if (n == 0) count[n] = 0;'))
     assert not kernel_literal_problems(wrap('    int flag = 1;\n    if (data[2] < 0.0) flag = 0;\n'
                                             '    for (Py_ssize_t r = 0; r < 4; r++) y[r + 1] = 1.0;'))
-    assert not kernel_literal_problems(wrap('    K->fwd(b->aux + 0, NULL, 8, 3, 1, 1, b->v + 4, ROW_STRIDE, b->v + 40, ROW_STRIDE, r0, r1, s);'))
-    assert kernel_literal_problems(wrap('    K->fwd(b->aux + 0, NULL, 8, 3, 1, 1, b->v, 8, b->v, 8, r0, r1, s) * 2;'))
+    assert not kernel_literal_problems(wrap('    b->k->fwd(b->aux + 0, NULL, 8, 3, 1, 1, b->v + 4, ROW_STRIDE, b->v + 40, ROW_STRIDE, r0, r1, s);'))
+    assert kernel_literal_problems(wrap('    b->k->fwd(b->aux + 0, NULL, 8, 3, 1, 1, b->v, 8, b->v, 8, r0, r1, s) * 2;'))
 
 
 def random_doubles(n, seed):

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from compiler.constants import KERNELS, MAX_THREADS
 from compiler.load import load_module
 
 from tests.differential import COMPILERS, FAST_CC
@@ -129,6 +130,16 @@ def _cases():
     add('forward', 'nargs2', (1, 1), TypeError, ['forward() takes 0 to 1 arguments (2 given)'])
     add('forward', 'n-float', (0.0,), TypeError, ['forward()', 'n must be an int'])
     add('forward', 'n-one-loss', (1,), TypeError, ['forward()', 'a sequence', 'one loss'])
+    add('forward', 'n-huge-one-loss', (2 ** 70,), TypeError, ['forward()', 'a sequence', 'one loss'])
+    add('forward', 'n-bool', (True,), TypeError, ['forward()', 'n must be an int, not bool'])
+    # True is neither a count nor a rate, wherever it is given
+    add('update', 'lr-bool', (True,), TypeError, ['update()', 'lr', 'bool'])
+    add('step', 'lr-bool', (False,), TypeError, ['step()', 'lr', 'bool'])
+    add('train_batch', 'lr-bool', (good_X, True), TypeError, ['train_batch()', 'lr', 'bool'])
+    add('set_threads', 'n-bool', (True,), TypeError, ['set_threads()', 'n must be an int, not bool'])
+    add('set_threads', 'n-float', (2.0,), TypeError, ['set_threads()', 'n must be an int'])
+    add('set_threads', 'n-huge', (2 ** 70,), ValueError, ['set_threads()', f'from 1 to {MAX_THREADS}', str(2 ** 70)])
+    add('set_threads', 'n-zero', (0,), ValueError, ['set_threads()', f'from 1 to {MAX_THREADS}, got 0'])
     for name, X, exc, words in [
             ('1d', np.zeros(N_IN), ValueError, ['X', '2-dimensional']),
             ('3d', np.zeros((2, N_IN, 1)), ValueError, ['X', '2-dimensional']),
@@ -361,3 +372,21 @@ def test_the_fuzzer_catches_a_leaked_reference(small):
             return set_input
     with pytest.raises(AssertionError, match='set_input.*changed reference counts'):
         fuzz_module.fuzz(Leaky(), 2000, seed=1)
+
+
+@pytest.mark.parametrize('value', ['foo', 'AVX2', 'sse'])
+def test_an_unknown_micrograd_kernels_is_refused_naming_the_variable(small, value):
+    """$MICROGRAD_KERNELS=foo is no instruction set: loading the module says
+    so, naming the variable and the values it may take (a typo must not pass
+    silently as 'the widest this CPU has')."""
+    script = f'from compiler.load import load_module\nload_module({str(small.build.path)!r})\n'
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, MICROGRAD_KERNELS=value)
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"ValueError: MICROGRAD_KERNELS must be one of {', '.join(KERNELS)} (or unset), not '{value}'"
+    for good in ('', *KERNELS):
+        env['MICROGRAD_KERNELS'] = good
+        done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, (good, done.stderr)

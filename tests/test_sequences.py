@@ -193,7 +193,38 @@ def test_forward_n_is_checked():
             m.forward(bad)
     with pytest.raises(TypeError, match='int'):
         m.forward(2.5)
+    with pytest.raises(TypeError, match='n must be an int, not bool'):
+        m.forward(True)                     # True is no count
+    with pytest.raises(ValueError, match=f'n must be from 1 to {T}, got {2 ** 70}'):
+        m.forward(2 ** 70)
+    assert m.forward(np.int64(2)) == m.forward(2)
     assert np.isfinite(m.forward())        # all positions by default
+
+
+@pytest.mark.parametrize('vectorize', [True, False])
+def test_forward_n_leaves_no_stale_outputs(vectorize):
+    """forward(n) computes the outputs of the first n positions: those are
+    the interpreter's for the input just set, the later ones read as NaN,
+    never as the values of an earlier, longer forward."""
+    build, params = tiny_lm()
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    m = compiler.compile(losses, inputs, params, logits, cc=FAST_CC, vectorize=vectorize)
+    rng = random.Random(7)
+    first, second = one_hot_rows(rng, T), one_hot_rows(rng, T)
+    m.set_input(first)
+    m.forward(T)
+    assert np.isfinite(m.outputs()).all()
+    for n in (1, 3, T):
+        m.set_input(second)
+        m.forward(n)
+        b2, _ = tiny_lm()
+        _, ref_logits = b2(n, [Value(x) for x in second])
+        got = m.outputs()
+        assert got[:n * V].tolist() == [v.data for v in ref_logits], n
+        assert np.isnan(got[n * V:]).all(), f"forward({n}) left outputs of later positions: {got[n * V:]}"
+        m.set_input(first)
+        m.forward(T)
 
 
 def test_a_sequence_with_outputs_its_losses_do_not_use_is_refused():

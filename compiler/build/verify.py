@@ -15,8 +15,8 @@ import sys
 
 from compiler.build.process import run_in_own_group
 
-# templates/module.c: PyModule_AddStringConstant(module, "program_hash", "<16 hex digits>")
-PROGRAM_HASH = re.compile(r'"program_hash"\s*,\s*"([0-9a-f]+)"')
+# the prologue of nn.c (compiler/codegen/module.py): #define NN_PROGRAM_HASH "<16 hex digits>"
+PROGRAM_HASH = re.compile(r'#define NN_PROGRAM_HASH "([0-9a-f]+)"')
 LOAD_CHECK = '''\
 import importlib.machinery, importlib.util, sys
 loader = importlib.machinery.ExtensionFileLoader('nn', sys.argv[1])

@@ -4,9 +4,9 @@ extension module.
 Every line of C comes from this package: ``scalar.py`` (the op table),
 ``sums.py`` and ``matvec.py`` (one file per kind of vector op), ``layout.py``
 (where each slot lives), ``optimizer.py`` (the optimizer's constants), and
-the fixed C in the ``templates/`` folder (``module.c``, ``kernels.c``),
-filled with ``string.Template``. Only numbers this package formats itself and
-integer slot indices reach the C text: op names select rows of the op table,
+``module.py`` (the module's assembly: a generated prologue of ``#define``
+lines, the fixed C of ``compiler/templates/`` and the program). Only numbers
+this package formats itself and integer slot indices reach the C text: op names select rows of the op table,
 they are never copied.
 
 The program runs over blocks of rows (compiler/codegen/layout.py): its
@@ -15,22 +15,17 @@ vector ops), and the emitted ``forward_rows``, ``backward_rows`` and
 ``param_grads`` run the segments and the vector ops' loops over a range of
 rows, then add the parameter gradients up over the rows in row order.
 """
-import hashlib
 import math
-from string import Template
 
 from compiler.codegen import optimizer as optimizer_c, sums
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
-from compiler.codegen.scalar import ScalarRenderer, c_double
+from compiler.codegen.scalar import ScalarRenderer, c_double  # noqa: F401 (c_double: the package's API)
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatVec, Op, Sum, features, needs_grad, prefix_cuts
-from compiler.templates import read_template
+from compiler.ir import MatVec, Op, Sum, needs_grad, prefix_cuts
 
-__all__ = ['emit_module', 'c_double', 'GENERATOR_VERSION']
-
-GENERATOR_VERSION = '3'
+__all__ = ['emit_module', 'Source', 'c_double', 'GENERATOR_VERSION']
 
 
 class _Functions:
@@ -83,22 +78,6 @@ class _Functions:
         return parts + ([current] if current else [])
 
 
-class Source(str):
-    """The C source of a module: as one file (the string itself: what
-    ``export`` writes, what a user builds by hand), and as translation units
-    that build in parallel and are cached one by one (``parts``: ``[(name,
-    text)]``; the loop kernels' part is the same for every program).
-    ``statements``: the straight-line statements, what compile time grows
-    with; ``straight``: the names of the parts that hold them."""
-
-    def __new__(cls, text, parts=(), statements=0, straight=()):
-        source = super().__new__(cls, text)
-        source.parts = list(parts)
-        source.statements = statements
-        source.straight = frozenset(straight)
-        return source
-
-
 def _init_constants(lay, constants):
     """``init_constants``: the graph's constants into their slots, from a
     table (thousands of assignments would cost the C compiler seconds)."""
@@ -145,7 +124,8 @@ class _Program:
         self.program = program
         self.flags = needs_grad(program)
         self.layout = Layout(program, self.flags)
-        self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * self.layout.row_stride)))
+        # (max(1, ...): a loss that is a parameter has rows of nothing)
+        self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * max(1, self.layout.row_stride))))
         self.scalar = ScalarRenderer(self.layout)
         self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
         self.functions = _Functions()
@@ -290,86 +270,5 @@ class _Program:
         return '\n'.join(out), numbers
 
 
-def _kernels(uses_matvec):
-    """``(interface, code)`` of the loop kernels: what the module needs to
-    call them, and the kernels themselves (what they share, then the loops
-    once per instruction set this build may meet, and the choice of one at
-    load time). Both are the same for every program."""
-    if not uses_matvec:
-        return '', ''
-    body = read_template('kernels_body.c')
-
-    def built_for(isa, level):
-        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body,
-                          '#undef MV_LEVEL', '#undef MV_ISA'])
-    code = [read_template('kernels.c'),
-            '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
-            built_for('plain', -1),
-            '#else', '#if defined(__x86_64__)', built_for('avx512', 2), built_for('avx2', 1), '#endif',
-            built_for('base', 0),
-            '#endif', read_template('kernels_choose.c')]
-    return read_template('kernels_api.c'), '\n'.join(code)
-
-
-def _runs(program, layout):
-    """``PARAM_RUNS``: where each parameter (in the user's order) is in ``p``,
-    as runs ``{count, user start, user step, p start, p step}``."""
-    at = [layout.shared_index(s) for s in program.param_slots]
-    runs, i = [], 0
-    while i < len(at):
-        step = at[i + 1] - at[i] if i + 1 < len(at) else 1
-        j = i + 1
-        while j < len(at) and at[j] - at[j - 1] == step:
-            j += 1
-        runs.append(f'{{{j - i}, {i}, 1, {at[i]}, {step}}}')
-        i = j
-    return ', '.join(runs) or '{0, 0, 1, 0, 1}'
-
-
-def _outputs(program, layout):
-    return ', '.join(str(layout.row_index(s)) if layout.is_row(s) else str(-layout.shared_index(s) - 1)
-                     for s in program.outputs) or '0'
-
-
-def emit_module(program, optimizer=None, initial_params=None):
-    """The C source of the ``nn`` extension module (a ``Source``: one file,
-    and its translation units).
-
-    ``optimizer`` (``compiler.SGD``/``Adam``/``AdamW``) is compiled in for
-    ``step`` and ``train_batch`` (``program.input_grads`` makes ``backward``
-    also produce d loss / d input); ``initial_params`` (in the user's order) are
-    the parameters a fresh import of the module starts from (an export)."""
-    prog = _Program(program)
-    body, numbers = prog.emit()
-    layout = prog.layout
-    optimizer_defines = optimizer_c.defines(optimizer)
-    segments = prog.functions.parts()
-    # program_hash names all the module computes: the graph, its optimizer,
-    # its gradients (the graph alone: program.graph_hash)
-    digest = hashlib.sha256('\n'.join([body, *(t for part in segments for t in part),
-                                       optimizer_defines]).encode()).hexdigest()[:16]
-    initial = ''
-    if initial_params is not None:
-        values = ', '.join(c_double(x) for x in initial_params) or '0.0'
-        initial = ('#define HAVE_INITIAL_PARAMS 1\n'
-                   f'static const double INITIAL_PARAMS[] = {{{values}}};   /* the user\'s order */')
-    feats = features(program)
-    prelude = read_template('prelude.c')
-    kernel_api, kernel_code = _kernels(bool(layout.matvecs))
-    module = Template(read_template('module.c'))
-    fields = dict(
-        generator_version=GENERATOR_VERSION, program_hash=digest, graph_hash=program.graph_hash or 'none',
-        n_inputs=program.n_inputs, n_params=program.n_params, n_outputs=len(program.outputs),
-        n_features=len(feats), features=', '.join(map(str, feats)) or '0',
-        param_runs=_runs(program, layout), output_at=_outputs(program, layout),
-        initial_params=initial, optimizer=optimizer_defines, prelude=prelude, **numbers)
-    every_segment = '\n'.join(t for part in segments for t in part)
-    single = module.substitute(kernels_c=kernel_api + '\n' + kernel_code, program=every_segment + '\n' + body,
-                               **fields)
-    if not kernel_code and len(segments) <= 1:
-        return Source(single, [('module', single)], prog.functions.statements)   # small: one unit
-    parts = [('module', module.substitute(kernels_c=kernel_api, program=body, **fields))]
-    if kernel_code:
-        parts.append(('kernels', prelude + '\n' + kernel_api + '\n' + kernel_code))
-    straight = [(f'segments{i + 1}', prelude + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
-    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight])
+# the assembly of the module (after _Program: module.py imports it from here)
+from compiler.codegen.module import GENERATOR_VERSION, Source, emit_module  # noqa: E402

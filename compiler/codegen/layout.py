@@ -25,7 +25,7 @@ its own values and gradients; parameters and constants are shared:
 from dataclasses import dataclass
 
 from compiler.codegen.scalar import SCALAR_C
-from compiler.constants import ROW_ALIGN
+from compiler.constants import MV_NR, ROW_ALIGN
 from compiler.ir import MatVec, Op, Sum
 
 # Scalar parameter uses per row that a program may record; above this the
@@ -33,7 +33,7 @@ from compiler.ir import MatVec, Op, Sum
 # adds them directly, on one thread.
 MAX_RECORDED = 4096
 
-PANEL = 16      # lanes of the loop kernels' panels (templates/kernels.c: MV_NR)
+PANEL = MV_NR   # lanes of the loop kernels' panels
 
 
 def round_up(n, m):

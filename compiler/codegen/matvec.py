@@ -1,5 +1,5 @@
 """C of a ``MatVec`` (``y = heads + W x``): small wrappers that call the
-fixed loop kernels (``templates/kernels.c``, ``kernels_body.c``; ``K`` is the
+fixed loop kernels (``templates/kernels.c``, ``kernels_body.c``; ``b->k`` is the
 set chosen for this CPU) with this op's shapes and places.
 
 Several ``MatVec`` ops may share one ``W`` (a matrix applied at several
@@ -8,8 +8,7 @@ within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 """
 from compiler.codegen.layout import PANEL, round_up
-
-GROUP = 16      # inputs per weight-gradient tile (templates/kernels.c: MV_BGW_MK)
+from compiler.constants import MV_BGW_MK as GROUP   # inputs per weight-gradient tile
 
 
 def is_strided(slots):
@@ -137,7 +136,7 @@ class MatVecRenderer:
                       '        double *restrict v = ROW(b->v, r);',
                       *[f'        v[{y + n}] = {self.layout.value[h]};' for n, h in enumerate(op.heads)],
                       '    }', '    (void)p;']
-        lines += [f'    K->fwd(b->aux + {wa.panels}, {hp}, {op.rows}, {op.cols}, {start}, b->aux[{a.skip}] != 0.0, '
+        lines += [f'    b->k->fwd(b->aux + {wa.panels}, {hp}, {op.rows}, {op.cols}, {start}, b->aux[{a.skip}] != 0.0, '
                   f'b->v + {self._row(op.x0)}, ROW_STRIDE, b->v + {y}, ROW_STRIDE, r0, r1, scratch);',
                   '}']
         return '\n'.join(lines)
@@ -155,7 +154,7 @@ class MatVecRenderer:
                       '    }']
         if op.grad_x:
             guard = '    if (b->input_grads)\n    ' if op.x0 < self.program.n_inputs else ''
-            lines.append(f'{guard}    K->bgx(b->aux + {a.bgx}, {name}_order, {op.rows}, {op.cols}, '
+            lines.append(f'{guard}    b->k->bgx(b->aux + {a.bgx}, {name}_order, {op.rows}, {op.cols}, '
                          f'b->aux[{wa.finite}] != 0.0, b->g + {y}, ROW_STRIDE, b->g + {self._row(op.x0)}, '
                          'ROW_STRIDE, r0, r1, scratch);')
         lines += ['    (void)b; (void)r0; (void)r1; (void)scratch;', '}']
@@ -187,10 +186,10 @@ class MatVecRenderer:
             # neurons makes every thread list and pack every group's inputs
             # (measured: 1.7x the weight-gradient time at 2 threads, 784-50-10)
             lines += ['    if (GROUPS < 2 * parts && PANELS >= parts)   /* split the neurons */',
-                      f'        K->bgw({R}, {C}, rows * U, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
+                      f'        b->k->bgw({R}, {C}, rows * U, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
                       '0, GROUPS, PANELS * part / parts, PANELS * (part + 1) / parts, rest);',
                       '    else                   /* split the groups of inputs */',
-                      f'        K->bgw({R}, {C}, rows * U, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
+                      f'        b->k->bgw({R}, {C}, rows * U, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
                       'GROUPS * part / parts, GROUPS * (part + 1) / parts, 0, PANELS, rest);']
         for i, u in enumerate(uses):
             heads = [h for h in u.heads or () if not self.layout.is_row(h) and self.flags[h]]
@@ -203,7 +202,7 @@ class MatVecRenderer:
                       '        for (int r = 0; r < rows; r++) gy[r] = ROW(b->g, r) + Y;']
             strided = is_strided([self._p(h) for h in u.heads]) if len(heads) == u.rows else None
             if strided and strided[1] == 1:
-                lines.append(f'        K->bgh({u.rows}, rows, gy, b->gp + {strided[0]});')
+                lines.append(f'        b->k->bgh({u.rows}, rows, gy, b->gp + {strided[0]});')
             else:
                 for n, h in enumerate(u.heads):
                     if h in heads:

@@ -1,5 +1,6 @@
 """C of the compiled optimizer: its kind and numbers as constants for the
-step in ``templates/module.c`` (``optimizer_step``)."""
+step in ``compiler/templates/optimizer.c`` (``optimizer_step``), as
+lines of the generated prologue."""
 from compiler.codegen.scalar import c_double
 from compiler.optim import Adam, AdamW, SGD
 
@@ -23,6 +24,8 @@ def defines(optimizer):
                  '#define OPT_HAS_MOMENTUM 0']
     else:
         raise TypeError(f"optimizer must be compiler.SGD, Adam or AdamW, not {type(optimizer).__name__}")
+    vectors = 2 if type(optimizer) in (Adam, AdamW) else int(optimizer.momentum != 0)
+    lines.append(f'#define OPT_STATE_VECTORS {vectors}   /* Adam: m, v; SGD with momentum: its buffer */')
     return '\n'.join(lines + [f'#define OPT_LR {c_double(optimizer.lr)}',
                               f'#define OPT_WEIGHT_DECAY {c_double(optimizer.weight_decay)}',
                               f'#define OPT_HAS_WEIGHT_DECAY {int(optimizer.weight_decay != 0)}'])

@@ -1,6 +1,7 @@
 """The fixed C of the generated ``nn`` extension module, as files next to
 this one (found from the package itself, so a checkout runs without an
-install); ``compiler/codegen`` fills their ``${placeholders}``.
+install): real C, none filled in; ``compiler/codegen/module.py`` puts them
+after a generated prologue of ``#define`` lines.
 """
 from importlib.resources import files
 

@@ -28,15 +28,21 @@
  *   heads, padded       hp[n]                                 (aux)
  *   input-grad panels   wq[(q*R + j)*16 + i] = W[perm[j]][16q + i]   (aux)
  */
+#ifndef NN_AMALGAMATION
+#include "contract.h"
+#endif
 
-#define MV_NR 16          /* neurons per forward panel and weight-gradient tile */
+
+/* MV_NR (neurons per forward panel and weight-gradient tile), MV_BGX_NK
+ * (inputs per input-gradient panel) and MV_BGW_MK (inputs per weight-gradient
+ * tile: they share one list of rows) are the prologue's, from
+ * compiler/constants.py: the code generator lays the weights out by them. */
 #define MV_FWD_MR 8       /* rows per forward register tile */
-#define MV_BGX_NK 16      /* inputs per input-gradient panel */
 #define MV_BGX_MR 8       /* rows per input-gradient register tile */
-#define MV_BGW_MK 16      /* inputs per weight-gradient tile: they share one list of rows */
 
-/* The loops, one set per instruction set (kernels_body.c), chosen at load. */
-typedef struct {
+/* The loops, one set per instruction set (kernels_body.c), chosen at load
+ * (the module state's `kernels`, which each Block carries as `k`). */
+struct MatVecKernels {
     const char *isa;
     void (*fwd)(const double *wp, const double *hp, int R, int C, int start, int skip,
                 const double *X, long ldx, double *Y, long ldy, int r0, int r1, void *scratch);
@@ -45,7 +51,7 @@ typedef struct {
     void (*bgw)(int R, int C, int n, const double *const *xrow, const double *const *gyrow, double *GW,
                 long ldgw, const int *groups, int g0, int g1, int p0, int p1, void *scratch);
     void (*bgh)(int R, int n, const double *const *gyrow, double *GH);
-} MatVecKernels;
+};
 
 HIDDEN int mv_all_finite(const double *v, long n);
 HIDDEN void mv_pack_fwd(const double *wt, int R, int C, int RP, double *wp);

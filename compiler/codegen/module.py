@@ -1,0 +1,236 @@
+"""The module's assembly: the C of one program (``_Program``) inside the
+fixed C of ``compiler/templates/``, as one file (``nn.c``) and as the
+translation units that build in parallel.
+
+Codegen writes one *prologue*: ``#define`` lines of the program's sizes and
+hashes, the optimizer's numbers, and the numbers the C shares with Python
+(``compiler.constants.C_DEFINES``). The templates are real C: none is
+filled in; each includes what it needs (``nn_prologue.h``, ``contract.h``,
+...) unless the prologue says ``NN_AMALGAMATION``, so each also compiles on
+its own against a stub prologue. In ``nn.c`` they follow the prologue in
+the order of ``_MODULE``:
+
+- ``contract.h``  headers, the floating-point contract, $MICROGRAD_KERNELS
+- ``program.h``   ``Block`` and what the generated program provides
+- ``state.h``     ``NNState`` (one model; no process globals), the optimizer's kind
+- ``pool.c``      helper threads
+- ``optimizer.c`` the compiled optimizer's step
+- the program     (generated) and its tables
+- ``batch.c``     many rows at once, on the state's threads
+- ``core.h``, ``core.c``  the ``nn_`` functions on a caller-owned state: no Python
+- ``args.c``, ``module.c``  the CPython module (under ``NN_PYTHON``)
+"""
+import hashlib
+import re
+
+from compiler.codegen import _Program, optimizer as optimizer_c
+from compiler.codegen.scalar import c_double
+from compiler.constants import C_DEFINES, KERNELS
+from compiler.ir import features
+from compiler.templates import read_template
+
+__all__ = ['emit_module', 'emit_header', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
+
+GENERATOR_VERSION = '4'
+
+# The fixed C of the module unit, in order: before the program, after it, and the Python glue.
+_BEFORE = ('contract.h', 'kernels_api.c', 'program.h', 'state.h', 'pool.c', 'optimizer.c')
+_AFTER = ('batch.c', 'core.h', 'core.c')
+_PYTHON = ('args.h', 'args.c', 'module.c')
+# Every template that is a C file of its own (the kernels' loops are built per instruction set).
+TEMPLATES = _BEFORE + _AFTER + _PYTHON
+
+
+class Source(str):
+    """The C source of a module: as one file (the string itself: what
+    ``export`` writes, what a user builds by hand), and as translation units
+    that build in parallel and are cached one by one (``parts``: ``[(name,
+    text)]``; the loop kernels' part is the same for every program).
+    ``statements``: the straight-line statements, what compile time grows
+    with; ``straight``: the names of the parts that hold them."""
+
+    def __new__(cls, text, parts=(), statements=0, straight=()):
+        source = super().__new__(cls, text)
+        source.parts = list(parts)
+        source.statements = statements
+        source.straight = frozenset(straight)
+        return source
+
+
+def _kernels():
+    """The loop kernels' code: what they share, then the loops once per
+    instruction set this build may meet, and the choice of one at load time.
+    The same for every program."""
+    body = read_template('kernels_body.c')
+
+    def built_for(isa, level):
+        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body,
+                          '#undef MV_LEVEL', '#undef MV_ISA'])
+    return '\n'.join([read_template('kernels.c'),
+                      '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
+                      built_for('plain', -1),
+                      '#else', '#if defined(__x86_64__)', built_for('avx512', 2), built_for('avx2', 1), '#endif',
+                      built_for('base', 0),
+                      '#endif', read_template('kernels_choose.c')])
+
+
+def _runs(program, layout):
+    """``PARAM_RUNS``: where each parameter (in the user's order) is in ``p``,
+    as runs ``{count, user start, user step, p start, p step}``."""
+    at = [layout.shared_index(s) for s in program.param_slots]
+    runs, i = [], 0
+    while i < len(at):
+        step = at[i + 1] - at[i] if i + 1 < len(at) else 1
+        j = i + 1
+        while j < len(at) and at[j] - at[j - 1] == step:
+            j += 1
+        runs.append(f'{{{j - i}, {i}, 1, {at[i]}, {step}}}')
+        i = j
+    return runs or ['{0, 0, 1, 0, 1}']
+
+
+def _output_positions(program, cuts):
+    """For each output, the position of a sequence from which forward
+    computes it (ops[:cuts[n - 1] + 1] run for n positions; after the last
+    cut: only all of them), 0 when every forward does (a leaf, the loss)."""
+    if not cuts:
+        return [0] * len(program.outputs)
+    at = {slot: i for i, op in enumerate(program.ops) for slot in op.writes}
+
+    def position(slot):
+        if slot not in at or slot == program.loss:
+            return 0
+        return next((n for n, cut in enumerate(cuts, 1) if at[slot] <= cut), len(cuts))
+    return [position(s) for s in program.outputs]
+
+
+def _table(ctype, name, values):
+    """A table the fixed C declares in program.h (HIDDEN extern)."""
+    lines = [', '.join(values[i:i + 12]) for i in range(0, len(values), 12)] or ['0']
+    return '\n'.join([f'HIDDEN const {ctype} {name} = {{', *[f'    {line},' for line in lines], '};'])
+
+
+def prologue(numbers_c, python):
+    """The generated prologue: the ``#define`` lines ``numbers_c``, after those
+    that say what follows (``python``: this unit is the CPython module's)."""
+    head = [f'/* ---- generated by micrograd-compiler {GENERATOR_VERSION}: the prologue, the numbers of one',
+            ' * program (compiler/codegen/module.py); the fixed C of compiler/templates/ follows ---- */',
+            '#define NN_AMALGAMATION 1   /* the templates follow in this file: they #include nothing */']
+    if python:
+        head += ['#ifndef NN_NO_PYTHON', '#define NN_PYTHON 1         /* the CPython module (module.c) */', '#endif']
+    return '\n'.join(head) + '\n' + numbers_c + '\n'
+
+
+def _section(names):
+    return '\n'.join(read_template(name) for name in names)
+
+
+def emit_module(program, optimizer=None, initial_params=None):
+    """The C source of the ``nn`` extension module (a ``Source``: one file,
+    and its translation units).
+
+    ``optimizer`` (``compiler.SGD``/``Adam``/``AdamW``) is compiled in for
+    ``step`` and ``train_batch`` (``program.input_grads`` makes ``backward``
+    also produce d loss / d input); ``initial_params`` (in the user's order) are
+    the parameters a fresh import of the module starts from (an export)."""
+    prog = _Program(program)
+    body, numbers = prog.emit()
+    layout = prog.layout
+    optimizer_defines = optimizer_c.defines(optimizer)
+    segments = prog.functions.parts()
+    # program_hash names all the module computes: the graph, its optimizer,
+    # its gradients (the graph alone: program.graph_hash)
+    digest = hashlib.sha256('\n'.join([body, *(t for part in segments for t in part),
+                                       optimizer_defines]).encode()).hexdigest()[:16]
+    feats = features(program)
+    runs = _runs(program, layout)
+    uses_matvec = bool(layout.matvecs)
+    defines = [
+        ('NN_GENERATOR_VERSION', f'"{GENERATOR_VERSION}"', 'micrograd-compiler\'s C generator'),
+        ('NN_PROGRAM_HASH', f'"{digest}"', 'names what this module computes (graph, optimizer, gradients)'),
+        ('NN_GRAPH_HASH', f'"{program.graph_hash or "none"}"', 'names the graph alone (its weights fit)'),
+        ('NN_KERNELS_ALLOWED', '"' + ', '.join(KERNELS) + '"', 'the values of $MICROGRAD_KERNELS'),
+        ('N_INPUTS', program.n_inputs, None), ('N_PARAMS', program.n_params, None),
+        ('N_OUTPUTS', len(program.outputs), None),
+        ('N_FEATURES', len(feats), 'the inputs the outputs depend on'),
+        ('N_SHARED', numbers['n_shared'], 'parameters (with padding), then constants'),
+        ('N_PARAM_SPAN', numbers['param_span'], 'p[0:N_PARAM_SPAN]: the parameters and their padding'),
+        ('N_AUX', numbers['n_aux'], 'packed copies of the weights'),
+        ('ROW_VALUES', numbers['row_values'], 'inputs, then computed values'),
+        ('ROW_STRIDE', numbers['row_stride'], 'doubles from one row to the next (with contributions)'),
+        ('BLOCK', numbers['block_rows'], 'rows run together'),
+        ('SCRATCH_BYTES', numbers['scratch_bytes'], 'per thread, for the loop kernels'),
+        ('POSITIONS', numbers['positions'], "a sequence's positions (0: not a sequence)"),
+        ('RECORDED', numbers['recorded'], 'scalar parameter contributions recorded per row'),
+        ('WORK_PER_ROW', numbers['work_per_row'], 'about this many floating-point operations'),
+        ('N_PARAM_RUNS', len(runs), 'rows of PARAM_RUNS'),
+        *[(name, value, 'compiler/constants.py') for name, value in C_DEFINES.items()]]
+    if uses_matvec:
+        defines.append(('HAVE_MATVEC', 1, 'MatVec ops: the loop kernels are built in'))
+    if initial_params is not None:
+        defines.append(('HAVE_INITIAL_PARAMS', 1, 'an export: its weights are built in'))
+    numbers_c = '\n'.join(f'#define {name} {value}' + (f'   /* {why} */' if why else '')
+                           for name, value, why in defines)
+    if optimizer_defines:
+        numbers_c += '\n' + optimizer_defines
+    tables = [_table('int', 'PARAM_RUNS[N_PARAM_RUNS][5]', runs),
+              _table('int', 'OUTPUT_AT[]', [str(layout.row_index(s)) if layout.is_row(s)
+                                           else str(-layout.shared_index(s) - 1) for s in program.outputs]),
+              _table('int', 'OUTPUT_POSITION[]', [str(n) for n in _output_positions(program, prog.cuts)]),
+              _table('int', 'FEATURES[]', [str(f) for f in feats])]
+    if initial_params is not None:
+        tables.append(_table('double', 'INITIAL_PARAMS[]', [c_double(x) for x in initial_params] or ['0.0']))
+    tables_c = '/* ---- tables ---- */\n' + '\n'.join(tables)
+
+    def module_unit(program_c, kernel_code):
+        head = prologue(numbers_c, python=True)
+        before = [_section(['contract.h']), read_template('kernels_api.c') if uses_matvec else '',
+                  kernel_code, _section(['program.h', 'state.h', 'pool.c', 'optimizer.c'])]
+        return '\n'.join([head, *before, '/* ---- the program (compiler/codegen) ---- */', program_c, tables_c,
+                          _section(_AFTER), '#ifdef NN_PYTHON', _section(_PYTHON), '#endif   /* NN_PYTHON */', ''])
+    kernel_code = _kernels() if uses_matvec else ''
+    every_segment = '\n'.join(t for part in segments for t in part)
+    single = module_unit(every_segment + '\n' + body, kernel_code)
+    if not kernel_code and len(segments) <= 1:
+        return Source(single, [('module', single)], prog.functions.statements)   # small: one unit
+    parts = [('module', module_unit(body, ''))]
+    common = prologue(numbers_c, python=False) + '\n' + read_template('contract.h')
+    if kernel_code:
+        parts.append(('kernels', '\n'.join([common, read_template('kernels_api.c'), kernel_code])))
+    straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
+    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight])
+
+
+# core.h's names, as nn.h spells them (a user's program sees only nn.h)
+_HEADER_NAMES = ('N_INPUTS', 'N_PARAMS', 'N_OUTPUTS', 'N_FEATURES', 'POSITIONS', 'STATE_SIZE', 'MAX_THREADS')
+
+
+def emit_header(source):
+    """``nn.h``: the C API of the plain C build of ``source`` (an
+    ``emit_module`` result), for C programs and other languages' FFI: its
+    sizes as ``NN_`` macros and ``core.h``'s declarations, copied."""
+    def number(name):
+        return re.search(rf'^#define {name} (\S+)', source, re.M).group(1)
+    core = read_template('core.h')
+    api = core[core.index('/* nn.h begins'):core.index('/* nn.h ends */')]
+    api = api[api.index('\n') + 1:].replace('NN_API ', '')
+    api = re.sub(r'\b(%s)\b' % '|'.join(_HEADER_NAMES), r'NN_\1', api)
+    optimizer = re.search(r'^#define OPT_NAME "(\w+)"', source, re.M)
+    vectors = number('OPT_STATE_VECTORS') if optimizer else 0
+    sizes = [('NN_N_INPUTS', number('N_INPUTS'), 'inputs, in the order given to compile()'),
+             ('NN_N_PARAMS', number('N_PARAMS'), 'parameters, in the order given to compile()'),
+             ('NN_N_OUTPUTS', number('N_OUTPUTS'), 'outputs'),
+             ('NN_N_FEATURES', number('N_FEATURES'), 'the inputs the outputs depend on'),
+             ('NN_POSITIONS', number('POSITIONS'), "a sequence's positions (0: one loss)"),
+             ('NN_STATE_SIZE', f'(1 + {vectors} * NN_N_PARAMS)', "the optimizer's state: t, then its vectors"),
+             ('NN_MAX_THREADS', number('MAX_THREADS'), None)]
+    return '\n'.join([
+        f'/* nn.h: the C API of nn.c, one compiled micrograd graph (program {number("NN_PROGRAM_HASH")[1:-1]},',
+        f' * optimizer {optimizer.group(1) if optimizer else "none"}). Build nn.c as plain C, without Python:',
+        ' *     cc -O2 -c -DNN_NO_PYTHON nn.c                  (then link with -lm -lpthread)',
+        ' *     cc -O2 -c -DNN_NO_PYTHON -DNN_NO_THREADS nn.c  (one thread, no pthreads: -lm)',
+        ' * Its floating-point contract is in nn.c: every compiler and level gives the',
+        ' * interpreter\'s bits. Nothing is global: each state is a model of its own. */',
+        '#ifndef NN_H', '#define NN_H', '#include <stddef.h>', '#ifdef __cplusplus', 'extern "C" {', '#endif', '',
+        *[f'#define {name} {value}' + (f'   /* {why} */' if why else '') for name, value, why in sizes],
+        api.rstrip(), '', '#ifdef __cplusplus', '}', '#endif', '#endif', ''])

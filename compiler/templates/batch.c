@@ -1,0 +1,179 @@
+/* ---- batch.c: many rows at once, on the state's threads -------------------------
+ *
+ * nn_train_batch and nn_predict run blocks of BLOCK rows; the threads share
+ * each block's rows, then (training) each its share of the parameters. */
+#ifndef NN_AMALGAMATION
+#include "state.h"
+#endif
+
+#ifndef MICROGRAD_MIN_WORK_PER_THREAD
+#define MICROGRAD_MIN_WORK_PER_THREAD 2000000.0   /* -D...=0 splits any work (the tests) */
+#endif
+#define MIN_WORK_PER_THREAD ((double)MICROGRAD_MIN_WORK_PER_THREAD)
+/* Below this many numbers, checking them for inf and NaN on helpers costs more than it saves. */
+#define MIN_SPLIT_CHECK 65536
+
+/* The index of the first inf or NaN of x[0:n], or -1. A chunk at a time,
+ * by the exponent bits, without an early exit: a loop the compiler can
+ * vectorise (train_batch checks every number of X before it changes anything). */
+static long
+first_non_finite(const double *x, long n)
+{
+    const uint64_t EXP = 0x7ff0000000000000ULL, ONE = 1ULL << 52;
+    for (long i0 = 0; i0 < n; i0 += 4096) {
+        const long i1 = n - i0 < 4096 ? n : i0 + 4096;
+        uint64_t any = 0;     /* bit 63 set by an exponent of all ones: (EXP & u) + ONE overflows into it */
+        for (long i = i0; i < i1; i++) {
+            uint64_t u;
+            memcpy(&u, x + i, sizeof u);
+            any |= (u & EXP) + ONE;
+        }
+        if (any >> 63)
+            for (long i = i0; i < i1; i++)
+                if (!isfinite(x[i]))
+                    return i;
+    }
+    return -1;
+}
+
+/* The threads a call over `rows` rows uses: what was asked for, but no more
+ * than keeps each busy with MIN_WORK_PER_THREAD, and one when scalar code
+ * adds parameter gradients directly (its rows must run in order). */
+static int
+threads_for(const NNState *st, long rows, int training)
+{
+    if (training && !RECORDED)
+        return 1;
+    const double work = (double)rows * (double)WORK_PER_ROW;
+    int T = st->threads;
+    if (work < MIN_WORK_PER_THREAD * T)
+        T = (int)(work / MIN_WORK_PER_THREAD);
+    return T < 1 ? 1 : T;
+}
+
+static Block
+block_of(NNState *st, double *v, double *g)
+{
+    Block b = {v, g, st->p, st->gp, st->aux, st->kernels, 0, POSITIONS};
+    return b;
+}
+
+typedef struct {
+    NNState *st;
+    const double *X;
+    long rows;
+    int cols;                 /* N_INPUTS, or N_FEATURES (predict) */
+    double *out;              /* predict's outputs */
+    double *losses;           /* train_batch: each row's loss, in order */
+    long n;                   /* batch_check: numbers to check */
+} Batch;
+
+/* Row r of X into the block row `row`: every input, or the features. */
+static void
+load_row(const Batch *bt, long r, double *restrict row)
+{
+    const double *restrict x = bt->X + r * bt->cols;
+    if (bt->cols == N_INPUTS) {
+        memcpy(row, x, sizeof(double) * N_INPUTS);
+    } else {
+        memset(row, 0, sizeof(double) * N_INPUTS);
+        for (int j = 0; j < N_FEATURES; j++)
+            row[FEATURES[j]] = x[j];
+    }
+}
+
+static void
+check_job(void *ctx, int part, int parts)
+{
+    const Batch *bt = (const Batch *)ctx;
+    const long i0 = bt->n * part / parts, i1 = bt->n * (part + 1) / parts;
+    const long i = first_non_finite(bt->X + i0, i1 - i0);
+    bt->st->first[part] = i < 0 ? -1 : i0 + i;
+}
+
+/* first_non_finite(x, n), its parts on T threads */
+static long
+batch_check(NNState *st, const double *x, long n, int T)
+{
+    if (T == 1 || n < MIN_SPLIT_CHECK)
+        return first_non_finite(x, n);
+    Batch bt = {st, x, 0, 0, NULL, NULL, n};
+    for (int part = 0; part < T; part++)
+        st->first[part] = -1;     /* (pool_run may get fewer threads than T) */
+    pool_run(&st->pool, check_job, &bt, T);
+    for (int part = 0; part < T; part++)
+        if (st->first[part] >= 0)
+            return st->first[part];
+    return -1;
+}
+
+static void
+train_job(void *ctx, int t, int T)
+{
+    Batch *bt = (Batch *)ctx;
+    NNState *st = bt->st;
+    Block b = block_of(st, st->v, st->g);
+    void *scratch = SCRATCH_OF(st, t);
+    for (long b0 = 0; b0 < bt->rows; b0 += BLOCK) {
+        const int n = bt->rows - b0 < BLOCK ? (int)(bt->rows - b0) : BLOCK;
+        const int r0 = (int)((long long)n * t / T), r1 = (int)((long long)n * (t + 1) / T);
+        for (int r = r0; r < r1; r++) {
+            load_row(bt, b0 + r, ROW(b.v, r));
+            memset(ROW(b.g, r), 0, sizeof(double) * ROW_STRIDE);
+        }
+        forward_rows(&b, r0, r1, scratch);
+        for (int r = r0; r < r1; r++)
+            bt->losses[b0 + r] = LOSS_OF(ROW(b.v, r), b.p);
+        backward_rows(&b, r0, r1, scratch);
+        pool_barrier(&st->pool, T);
+        param_grads(&b, n, t, T, scratch);
+        pool_barrier(&st->pool, T);
+    }
+}
+
+/* Zero the gradients, forward and backward on every row of X (finite: the
+ * caller checked), each row's loss into losses[]; returns their sum. */
+static double
+batch_train(NNState *st, const double *X, long rows, double *losses, int T)
+{
+    Batch bt = {st, X, rows, N_INPUTS, NULL, losses, 0};
+    memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);
+    pool_run(&st->pool, train_job, &bt, T);
+    double total = 0.0;
+    for (long r = 0; r < rows; r++)
+        total += losses[r];
+    return total;
+}
+
+static void
+predict_job(void *ctx, int t, int T)
+{
+    Batch *bt = (Batch *)ctx;
+    NNState *st = bt->st;
+    Block b = block_of(st, st->v, st->g);
+    void *scratch = SCRATCH_OF(st, t);
+    /* each thread keeps to the same rows of the block buffer in every block
+     * (the last one too, however short): no barrier needed */
+    const int own0 = (int)((long long)BLOCK * t / T), own1 = (int)((long long)BLOCK * (t + 1) / T);
+    for (long b0 = 0; b0 < bt->rows; b0 += BLOCK) {
+        const int n = bt->rows - b0 < BLOCK ? (int)(bt->rows - b0) : BLOCK;
+        const int r0 = own0 < n ? own0 : n, r1 = own1 < n ? own1 : n;
+        for (int r = r0; r < r1; r++)
+            load_row(bt, b0 + r, ROW(b.v, r));
+        forward_rows(&b, r0, r1, scratch);
+        for (int r = r0; r < r1; r++) {
+            const double *row = ROW(b.v, r);
+            double *out = bt->out + (b0 + r) * N_OUTPUTS;
+            for (int i = 0; i < N_OUTPUTS; i++)
+                out[i] = OUTPUT_AT[i] >= 0 ? row[OUTPUT_AT[i]] : b.p[-OUTPUT_AT[i] - 1];
+        }
+    }
+}
+
+static void
+batch_predict(NNState *st, const double *X, long rows, int cols, double *out, int T)
+{
+    Batch bt = {st, X, rows, cols, out, NULL, 0};
+    if (rows > 0)
+        pool_run(&st->pool, predict_job, &bt, T);
+}

@@ -1,0 +1,319 @@
+/* ---- core.c: the model's entry points in C (core.h) ------------------------ */
+#ifndef NN_AMALGAMATION
+#include "core.h"
+#endif
+
+/* n zeroed doubles (or bytes, with size 1), 64-byte aligned; *raw is what to free. */
+static void *
+alloc_aligned(size_t n, size_t size, void **raw)
+{
+    *raw = calloc(n * size + 64, 1);
+    if (*raw == NULL)
+        return NULL;
+    return (void *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+
+static void
+params_to_user(const double *restrict internal, double *restrict user)
+{
+    for (int i = 0; i < N_PARAM_RUNS; i++) {
+        const int *run = PARAM_RUNS[i];
+        for (int j = 0; j < run[0]; j++)
+            user[run[1] + j * run[2]] = internal[run[3] + j * run[4]];
+    }
+}
+
+static void
+params_from_user(const double *restrict user, double *restrict internal)
+{
+    for (int i = 0; i < N_PARAM_RUNS; i++) {
+        const int *run = PARAM_RUNS[i];
+        for (int j = 0; j < run[0]; j++)
+            internal[run[3] + j * run[4]] = user[run[1] + j * run[2]];
+    }
+}
+
+NN_API size_t
+nn_state_size(void)
+{
+    return sizeof(NNState);
+}
+
+/* Scratch memory (and the per-thread slots of batch_check) for n threads. */
+static int
+reserve_threads(NNState *st, int n)
+{
+    if (n <= st->capacity)
+        return NN_OK;
+    void *raw = NULL;
+    char *scratch = (char *)alloc_aligned((size_t)n * SCRATCH_BYTES, 1, &raw);
+    long *first = (long *)calloc((size_t)n, sizeof(long));
+    if (scratch == NULL || first == NULL) {
+        free(raw);
+        free(first);
+        return NN_ENOMEM;
+    }
+    free(st->raw_scratch);
+    free(st->first);
+    st->raw_scratch = raw;
+    st->scratch = scratch;
+    st->first = first;
+    st->capacity = n;
+    return NN_OK;
+}
+
+NN_API int
+nn_init(void *state)
+{
+    NNState *st = (NNState *)state;
+    memset(st, 0, sizeof *st);
+    pool_init(&st->pool);
+    if (kernels_request() < 0)
+        return NN_EKERNELS;
+    st->p = (double *)alloc_aligned(N_SHARED, sizeof(double), &st->raw[0]);
+    st->gp = (double *)alloc_aligned(N_PARAM_SPAN, sizeof(double), &st->raw[1]);
+    st->aux = (double *)alloc_aligned(N_AUX, sizeof(double), &st->raw[2]);
+    st->one_v = (double *)alloc_aligned(ROW_STRIDE, sizeof(double), &st->raw[3]);
+    st->one_g = (double *)alloc_aligned(ROW_STRIDE, sizeof(double), &st->raw[4]);
+    st->v = (double *)alloc_aligned((size_t)BLOCK * ROW_STRIDE, sizeof(double), &st->raw[5]);
+    st->g = (double *)alloc_aligned((size_t)BLOCK * ROW_STRIDE, sizeof(double), &st->raw[6]);
+    st->state = (double *)alloc_aligned(1 + (size_t)STATE_VECTORS * N_PARAM_SPAN, sizeof(double), &st->raw[7]);
+    if (!st->p || !st->gp || !st->aux || !st->one_v || !st->one_g || !st->v || !st->g || !st->state ||
+        reserve_threads(st, 1) != NN_OK) {
+        nn_release(st);
+        return NN_ENOMEM;
+    }
+#ifdef HAVE_MATVEC
+    st->kernels = mv_choose_kernels();
+#endif
+#ifdef HAVE_VECTOR_LEVEL
+    st->vector_level = vector_level();
+#endif
+    st->threads = 1;
+    st->upto = POSITIONS;
+    init_constants(st->p);
+#ifdef HAVE_INITIAL_PARAMS
+    params_from_user(INITIAL_PARAMS, st->p);
+#endif
+    refresh_aux(st->p, st->aux);
+    return NN_OK;
+}
+
+NN_API void
+nn_release(void *state)
+{
+    NNState *st = (NNState *)state;
+    pool_stop(&st->pool);
+    for (size_t i = 0; i < sizeof(st->raw) / sizeof(st->raw[0]); i++) {
+        free(st->raw[i]);
+        st->raw[i] = NULL;
+    }
+    free(st->raw_scratch);
+    free(st->first);
+    st->raw_scratch = NULL;
+    st->first = NULL;
+    st->capacity = 0;
+    st->p = NULL;
+}
+
+NN_API void
+nn_set_input(void *state, const double *x)
+{
+    NNState *st = (NNState *)state;
+    memcpy(st->one_v, x, sizeof(double) * N_INPUTS);
+    st->forward_done = 0;
+}
+
+NN_API double
+nn_forward(void *state, int n)
+{
+    NNState *st = (NNState *)state;
+    Block b = block_of(st, st->one_v, st->one_g);
+    b.upto = n >= 1 && n <= POSITIONS ? n : POSITIONS;
+    forward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
+    st->forward_done = 1;
+    st->upto = b.upto;
+    return LOSS_OF(st->one_v, st->p);
+}
+
+NN_API int
+nn_has_forward(const void *state)
+{
+    return ((const NNState *)state)->forward_done;
+}
+
+NN_API void
+nn_backward(void *state)
+{
+    NNState *st = (NNState *)state;
+    if (!st->forward_done)
+        return;
+    Block b = block_of(st, st->one_v, st->one_g);
+    b.input_grads = 1;
+    b.upto = st->upto;
+    /* the inputs' gradients accumulate, like the parameters'; the rest start at 0 */
+    memset(st->one_g + N_INPUTS, 0, sizeof(double) * (ROW_STRIDE - N_INPUTS));
+    backward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
+    param_grads(&b, 1, 0, 1, SCRATCH_OF(st, 0));
+}
+
+NN_API void
+nn_zero_grad(void *state)
+{
+    NNState *st = (NNState *)state;
+    memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);
+    memset(st->one_g, 0, sizeof(double) * N_INPUTS);
+}
+
+NN_API void
+nn_update(void *state, double lr)
+{
+    NNState *st = (NNState *)state;
+    for (int j = 0; j < N_PARAM_SPAN; j++)
+        st->p[j] -= lr * st->gp[j];
+    refresh_aux(st->p, st->aux);
+    st->forward_done = 0;
+}
+
+NN_API void
+nn_step(void *state, double lr)
+{
+    NNState *st = (NNState *)state;
+    optimizer_step(st, lr, 1.0, 1);
+    st->forward_done = 0;
+}
+
+NN_API int
+nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_loss, long *bad)
+{
+    NNState *st = (NNState *)state;
+    double *losses = (double *)malloc(sizeof(double) * (size_t)(rows > 0 ? rows : 1));
+    if (losses == NULL)
+        return NN_ENOMEM;
+    const int T = threads_for(st, rows, 1);
+    *bad = batch_check(st, X, rows * N_INPUTS, T);
+    if (*bad >= 0) {
+        free(losses);
+        return NN_ENONFINITE;
+    }
+    const double total = batch_train(st, X, rows, losses, T);
+    optimizer_step(st, lr, (double)rows, T);
+    free(losses);
+    *mean_loss = total / (double)rows;
+    st->forward_done = 0;
+    return NN_OK;
+}
+
+NN_API int
+nn_predict_columns(void *state, long rows, int cols, const double *X, double *out)
+{
+    NNState *st = (NNState *)state;
+    batch_predict(st, X, rows, cols, out, threads_for(st, rows, 0));
+    return NN_OK;
+}
+
+NN_API int
+nn_predict(void *state, long rows, const double *X, double *out)
+{
+    return nn_predict_columns(state, rows, N_INPUTS, X, out);
+}
+
+NN_API void
+nn_read_params(const void *state, double *out)
+{
+    const NNState *st = (const NNState *)state;
+    params_to_user(st->p, out);
+}
+
+NN_API void
+nn_write_params(void *state, const double *in)
+{
+    NNState *st = (NNState *)state;
+    params_from_user(in, st->p);
+    refresh_aux(st->p, st->aux);
+    st->forward_done = 0;
+}
+
+NN_API void
+nn_read_grads(const void *state, double *out)
+{
+    const NNState *st = (const NNState *)state;
+    params_to_user(st->gp, out);
+}
+
+NN_API void
+nn_read_input_grads(const void *state, double *out)
+{
+    const NNState *st = (const NNState *)state;
+    memcpy(out, st->one_g, sizeof(double) * N_INPUTS);
+}
+
+/* The outputs of the last nn_forward; those of positions it did not run are NaN. */
+NN_API void
+nn_read_outputs(const void *state, double *out)
+{
+    const NNState *st = (const NNState *)state;
+    for (int i = 0; i < N_OUTPUTS; i++)
+        out[i] = OUTPUT_POSITION[i] > st->upto ? NAN
+               : OUTPUT_AT[i] >= 0 ? st->one_v[OUTPUT_AT[i]] : st->p[-OUTPUT_AT[i] - 1];
+}
+
+/* The optimizer's state: the step count, then its vectors in the user's order. */
+NN_API void
+nn_read_state(const void *state, double *out)
+{
+    const NNState *st = (const NNState *)state;
+    out[0] = st->state[0];
+    for (int k = 0; k < STATE_VECTORS; k++)
+        params_to_user(st->state + 1 + (ptrdiff_t)k * N_PARAM_SPAN, out + 1 + (ptrdiff_t)k * N_PARAMS);
+}
+
+NN_API void
+nn_write_state(void *state, const double *in)
+{
+    NNState *st = (NNState *)state;
+    st->state[0] = in[0];
+    for (int k = 0; k < STATE_VECTORS; k++)
+        params_from_user(in + 1 + (ptrdiff_t)k * N_PARAMS, st->state + 1 + (ptrdiff_t)k * N_PARAM_SPAN);
+}
+
+/* For debugging: the values of nn_set_input's row, then p (compiler/codegen/
+ * layout.py says where each IR slot is). */
+NN_API void
+nn_read_data(const void *state, double *out)
+{
+    const NNState *st = (const NNState *)state;
+    memcpy(out, st->one_v, sizeof(double) * ROW_VALUES);
+    memcpy(out + ROW_VALUES, st->p, sizeof(double) * N_SHARED);
+}
+
+NN_API const char *
+nn_kernels(const void *state)
+{
+#ifdef HAVE_MATVEC
+    return ((const NNState *)state)->kernels->isa;
+#else
+    (void)state;
+    return "none";
+#endif
+}
+
+NN_API int
+nn_get_threads(const void *state)
+{
+    const NNState *st = (const NNState *)state;
+    return st->threads;
+}
+
+NN_API int
+nn_set_threads(void *state, int n)
+{
+    NNState *st = (NNState *)state;
+#ifdef NN_NO_THREADS
+    n = 1;
+#endif
+    if (reserve_threads(st, n) != NN_OK)
+        return NN_ENOMEM;
+    st->threads = n;
+    return NN_OK;
+}

@@ -1,0 +1,141 @@
+/* ---- optimizer.c: the compiled optimizer's step --------------------------------
+ *
+ * Its kind and numbers are the prologue's (compiler/codegen/optimizer.py),
+ * each formula as PyTorch documents it and in that order of operations
+ * (torch.optim.SGD, Adam, AdamW). */
+#ifndef NN_AMALGAMATION
+#include "state.h"
+#endif
+
+#if OPT_KIND == OPT_ADAM || OPT_KIND == OPT_ADAMW
+/* Adam: g += wd * p (Adam only); AdamW: p -= lr * wd * p first. Then
+ * m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;  mhat = m / (1 - b1^t);
+ * vhat = v / (1 - b2^t);  p -= lr mhat / (sqrt(vhat) + eps). ADAM_STEP is
+ * one parameter's step on any type with the arithmetic operators: a double,
+ * or a vector of them (each lane rounds as the double would: the same bits),
+ * SQRT its square root. */
+#define ADAM_STEP(T, SQRT, P, G, M, S)                                                     \
+    do {                                                                                   \
+        T g_ = (G) / divisor, p_ = (P);                                                    \
+        if (OPT_KIND == OPT_ADAMW && OPT_WEIGHT_DECAY != 0)                                \
+            p_ = p_ - lr * OPT_WEIGHT_DECAY * p_;                                          \
+        if (OPT_KIND == OPT_ADAM && OPT_WEIGHT_DECAY != 0)                                 \
+            g_ = g_ + OPT_WEIGHT_DECAY * p_;                                               \
+        const T m_ = OPT_BETA1 * (M) + (1.0 - OPT_BETA1) * g_;                             \
+        const T s_ = OPT_BETA2 * (S) + (1.0 - OPT_BETA2) * g_ * g_;                        \
+        const T mhat_ = m_ / c1, vhat_ = s_ / c2;                                          \
+        (M) = m_;                                                                          \
+        (S) = s_;                                                                          \
+        (P) = p_ - lr * mhat_ / (SQRT(vhat_) + OPT_EPS);                                   \
+    } while (0)
+
+static void
+adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s,
+            double lr, double divisor, double c1, double c2, int j0, int j1)
+{
+    for (int j = j0; j < j1; j++)
+        ADAM_STEP(double, sqrt, p[j], gp[j], m[j], s[j]);
+}
+
+/* The same steps a vector of parameters at a time (the scalar loop cannot
+ * be vectorised by the compiler: sqrt may set errno); returns how many were
+ * done. One function per instruction set, chosen by the state's
+ * vector_level (read at load). */
+#if defined(HAVE_VECTOR_LEVEL)
+#define ADAM_VECTORS 1
+#define ADAM_VECTOR_LOOP(NAME, TARGET, W, SQRT_INTRINSIC, VTYPE)                            \
+    typedef double NAME##_v __attribute__((vector_size(W * 8), aligned(8)));               \
+    __attribute__((target(TARGET))) static NAME##_v                                        \
+    NAME##_sqrt(NAME##_v x) { return (NAME##_v)SQRT_INTRINSIC((VTYPE)x); }                  \
+    __attribute__((target(TARGET))) static int                                             \
+    NAME(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s, \
+         double lr, double divisor, double c1, double c2, int j0, int j1)                  \
+    {                                                                                      \
+        int j = j0;                                                                        \
+        for (; j + W <= j1; j += W)                                                        \
+            ADAM_STEP(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j), *(const NAME##_v *)(gp + j), \
+                      *(NAME##_v *)(m + j), *(NAME##_v *)(s + j));                         \
+        return j;                                                                          \
+    }
+ADAM_VECTOR_LOOP(adam_sse2, "sse2", 2, _mm_sqrt_pd, __m128d)
+ADAM_VECTOR_LOOP(adam_avx, "avx", 4, _mm256_sqrt_pd, __m256d)
+ADAM_VECTOR_LOOP(adam_avx512, "avx512f", 8, _mm512_sqrt_pd, __m512d)
+#else
+#define ADAM_VECTORS 0
+#endif
+#endif
+
+/* One step on the gradients gp / divisor for the parameters j0 <= j < j1
+ * (each parameter's step is its own: any split of the range gives the same
+ * bits). `t` is the step's number, from 1. */
+static void
+optimizer_range(NNState *st, double lr, double divisor, double t, int j0, int j1)
+{
+    double *restrict p = st->p;
+    const double *restrict gp = st->gp;
+#if OPT_KIND == OPT_NONE || (OPT_KIND == OPT_SGD && !OPT_HAS_MOMENTUM && !OPT_HAS_WEIGHT_DECAY)
+    for (int j = j0; j < j1; j++)
+        p[j] -= lr * (gp[j] / divisor);
+    (void)t;
+#elif OPT_KIND == OPT_SGD
+    /* g += wd * p;  b = g (first step) or momentum * b + g;  g = g + momentum * b
+     * (nesterov) or b;  p -= lr * g */
+    double *restrict buf = st->state + 1;
+    const int first = t == 1.0;
+    for (int j = j0; j < j1; j++) {
+        double g = gp[j] / divisor;
+        if (OPT_WEIGHT_DECAY != 0)
+            g = g + OPT_WEIGHT_DECAY * p[j];
+        if (OPT_MOMENTUM != 0) {
+            buf[j] = first ? g : OPT_MOMENTUM * buf[j] + g;
+            g = OPT_NESTEROV ? g + OPT_MOMENTUM * buf[j] : buf[j];
+        }
+        p[j] = p[j] - lr * g;
+    }
+#else
+    double *restrict m = st->state + 1, *restrict s = st->state + 1 + N_PARAM_SPAN;
+    const double c1 = 1.0 - pow(OPT_BETA1, t), c2 = 1.0 - pow(OPT_BETA2, t);
+    int j = j0;
+#if ADAM_VECTORS
+    switch (st->vector_level) {
+    case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
+    case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
+    default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2, j0, j1);
+    }
+#endif
+    adam_scalar(p, gp, m, s, lr, divisor, c1, c2, j, j1);
+#endif
+}
+
+typedef struct {
+    NNState *st;
+    double lr, divisor, t;
+} OptimizerJob;
+
+static void
+optimizer_job(void *ctx, int part, int parts)
+{
+    const OptimizerJob *o = (const OptimizerJob *)ctx;
+    /* 8-parameter pieces, so that vectors stay whole and aligned */
+    const int pieces = (N_PARAM_SPAN + 7) / 8;
+    const int j0 = 8 * (int)((long long)pieces * part / parts);
+    int j1 = 8 * (int)((long long)pieces * (part + 1) / parts);
+    if (j1 > N_PARAM_SPAN)
+        j1 = N_PARAM_SPAN;
+    optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
+}
+
+/* Below this many parameters, waking the helpers costs more than they save. */
+#define MIN_SPLIT_PARAMS 16384
+
+static void
+optimizer_step(NNState *st, double lr, double divisor, int T)
+{
+    OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0};
+    if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS)
+        pool_run(&st->pool, optimizer_job, &o, T);
+    else
+        optimizer_range(st, lr, divisor, o.t, 0, N_PARAM_SPAN);
+    st->state[0] = o.t;
+    refresh_aux(st->p, st->aux);
+}

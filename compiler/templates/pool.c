@@ -1,0 +1,215 @@
+/* ---- pool.c: the helper threads of one state ---------------------------------
+ *
+ * Started when a call first wants them, as many as it wants (helper[] grows),
+ * stopped by pool_stop(). -DNN_NO_THREADS: every job runs on the caller alone,
+ * and nn.c needs no pthreads. */
+#ifndef NN_AMALGAMATION
+#include "state.h"
+#endif
+
+#ifndef NN_NO_THREADS
+/* What a helper thread starts with (its own allocation, freed by the helper
+ * once read): its number, and the last job it must not run, however late it
+ * starts. */
+typedef struct {
+    Pool *pl;
+    int t;
+    unsigned long seen;
+} HelperStart;
+
+/* Waiting: a thread first spins a short while on the counter it waits for
+ * (a barrier between the halves of a block costs a futex wake-up and a
+ * reschedule otherwise: tens of microseconds on a VM, per barrier), then
+ * sleeps on the condition variable. The counters change under the mutex and
+ * are read outside it only by these spins (atomically; tcc: no spinning). */
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define POOL_SPINS 4000
+#define POOL_READ(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define POOL_WRITE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#if defined(__x86_64__) || defined(__i386__)
+#define POOL_PAUSE() __builtin_ia32_pause()
+#else
+#define POOL_PAUSE() ((void)0)
+#endif
+#else
+#define POOL_SPINS 0
+#define POOL_READ(x) (x)
+#define POOL_WRITE(x, v) ((x) = (v))
+#define POOL_PAUSE() ((void)0)
+#endif
+
+/* Spin until *counter != value (1), or give up (0). */
+static int
+pool_spin_while(const unsigned long *counter, unsigned long value)
+{
+    for (int i = 0; i < POOL_SPINS; i++) {
+        if (POOL_READ(*counter) != value)
+            return 1;
+        POOL_PAUSE();
+    }
+    return 0;
+}
+
+/* Spin until *running is 0, or give up. */
+static void
+pool_spin_while_busy(const int *running)
+{
+    for (int i = 0; i < POOL_SPINS && POOL_READ(*running) > 0; i++)
+        POOL_PAUSE();
+}
+
+static void *
+pool_helper(void *arg)
+{
+    HelperStart *start = (HelperStart *)arg;
+    Pool *pl = start->pl;
+    const int t = start->t;
+    unsigned long seen = start->seen;
+    free(start);
+    pthread_mutex_lock(&pl->mu);
+    for (;;) {
+        if (!pl->stop && pl->job_no == seen) {
+            pthread_mutex_unlock(&pl->mu);
+            pool_spin_while(&pl->job_no, seen);     /* the next job often follows at once */
+            pthread_mutex_lock(&pl->mu);
+        }
+        while (!pl->stop && pl->job_no == seen)
+            pthread_cond_wait(&pl->wake, &pl->mu);
+        if (pl->stop)
+            break;
+        seen = pl->job_no;
+        if (t < pl->T) {
+            Job job = pl->job;
+            void *ctx = pl->ctx;
+            const int T = pl->T;
+            pthread_mutex_unlock(&pl->mu);
+            job(ctx, t, T);
+            pthread_mutex_lock(&pl->mu);
+            POOL_WRITE(pl->running, pl->running - 1);
+            if (pl->running == 0)
+                pthread_cond_signal(&pl->idle);
+        }
+    }
+    pthread_mutex_unlock(&pl->mu);
+    return NULL;
+}
+
+/* A pool without helpers. The helper array is kept (a forked child reuses it). */
+static void
+pool_init(Pool *pl)
+{
+    pthread_mutex_init(&pl->mu, NULL);
+    pthread_cond_init(&pl->wake, NULL);
+    pthread_cond_init(&pl->idle, NULL);
+    pthread_cond_init(&pl->turn, NULL);
+    pl->started = pl->stop = pl->running = pl->waiting = 0;
+    pl->job_no = pl->phase = 0;
+    pl->pid = getpid();
+}
+
+/* Start helpers until T - 1 run; returns the T that can run (fewer if a
+ * thread could not be created, or memory ran out). Only the thread that owns
+ * the state calls it: helper[] may move. */
+static int
+pool_grow(Pool *pl, int T)
+{
+    if (pl->pid != getpid())
+        pool_init(pl);        /* forked: the helpers stayed with the parent */
+    if (pl->capacity < T - 1) {
+        pthread_t *more = (pthread_t *)realloc(pl->helper, sizeof(pthread_t) * (size_t)(T - 1));
+        if (more != NULL) {
+            pl->helper = more;
+            pl->capacity = T - 1;
+        }
+    }
+    while (pl->started < T - 1 && pl->started < pl->capacity) {
+        HelperStart *start = (HelperStart *)malloc(sizeof(HelperStart));
+        if (start == NULL)
+            break;
+        pthread_mutex_lock(&pl->mu);
+        start->pl = pl;
+        start->t = pl->started + 1;
+        start->seen = pl->job_no;
+        int failed = pthread_create(&pl->helper[pl->started], NULL, pool_helper, start) != 0;
+        if (!failed)
+            pl->started++;
+        pthread_mutex_unlock(&pl->mu);
+        if (failed) {
+            free(start);
+            break;
+        }
+    }
+    return pl->started + 1 < T ? pl->started + 1 : T;
+}
+
+static void
+pool_run(Pool *pl, Job job, void *ctx, int T)
+{
+    T = T > 1 ? pool_grow(pl, T) : 1;
+    if (T > 1) {
+        pthread_mutex_lock(&pl->mu);
+        pl->job = job;
+        pl->ctx = ctx;
+        pl->T = T;
+        pl->running = T - 1;
+        pl->waiting = 0;
+        POOL_WRITE(pl->job_no, pl->job_no + 1);
+        pthread_cond_broadcast(&pl->wake);
+        pthread_mutex_unlock(&pl->mu);
+    }
+    job(ctx, 0, T);
+    if (T > 1) {
+        pool_spin_while_busy(&pl->running);
+        pthread_mutex_lock(&pl->mu);
+        while (pl->running > 0)
+            pthread_cond_wait(&pl->idle, &pl->mu);
+        pthread_mutex_unlock(&pl->mu);
+    }
+}
+
+static void
+pool_barrier(Pool *pl, int T)
+{
+    if (T == 1)
+        return;
+    pthread_mutex_lock(&pl->mu);
+    const unsigned long phase = pl->phase;
+    if (++pl->waiting == T) {
+        pl->waiting = 0;
+        POOL_WRITE(pl->phase, phase + 1);
+        pthread_cond_broadcast(&pl->turn);
+        pthread_mutex_unlock(&pl->mu);
+        return;
+    }
+    pthread_mutex_unlock(&pl->mu);
+    if (pool_spin_while(&pl->phase, phase))
+        return;
+    pthread_mutex_lock(&pl->mu);
+    while (phase == pl->phase)
+        pthread_cond_wait(&pl->turn, &pl->mu);
+    pthread_mutex_unlock(&pl->mu);
+}
+
+/* Stop and join the helpers; free the helper array. */
+static void
+pool_stop(Pool *pl)
+{
+    if (pl->pid == getpid()) {
+        pthread_mutex_lock(&pl->mu);
+        pl->stop = 1;
+        pthread_cond_broadcast(&pl->wake);
+        pthread_mutex_unlock(&pl->mu);
+        for (int i = 0; i < pl->started; i++)
+            pthread_join(pl->helper[i], NULL);
+    }
+    pl->started = 0;
+    free(pl->helper);
+    pl->helper = NULL;
+    pl->capacity = 0;
+}
+#else
+static void pool_init(Pool *pl) { pl->T = 1; }
+static void pool_run(Pool *pl, Job job, void *ctx, int T) { (void)pl; (void)T; job(ctx, 0, 1); }
+static void pool_barrier(Pool *pl, int T) { (void)pl; (void)T; }
+static void pool_stop(Pool *pl) { (void)pl; }
+#endif

@@ -1,0 +1,46 @@
+/* ---- program.h: what the generated program provides, and what it runs on --
+ *
+ * The program (compiler/codegen) runs over blocks of input rows: each row
+ * holds its values and gradients (ROW_STRIDE doubles apart); parameters,
+ * constants and their gradients are shared. */
+#ifndef NN_PROGRAM_H
+#define NN_PROGRAM_H
+#ifndef NN_AMALGAMATION
+#include "contract.h"
+#endif
+
+#define ROW(a, r) ((a) + (ptrdiff_t)(r) * ROW_STRIDE)
+
+/* The values and gradients of a block of rows, and what they share. */
+typedef struct {
+    double *v, *g;            /* rows of ROW_STRIDE values, gradients */
+    double *p, *gp;           /* parameters and constants; parameter gradients */
+    const double *aux;        /* packed copies of the weights (refresh_aux) */
+    const MatVecKernels *k;   /* the MatVec loops for this CPU (NULL: no MatVec) */
+    int input_grads;          /* also compute the gradients of the inputs */
+    int upto;                 /* a sequence: run its first `upto` positions (1..POSITIONS) */
+} Block;
+
+/* Generated for each program (after this point in nn.c), with LOSS_OF(row, p),
+ * the loss of a row: */
+static void init_constants(double *restrict p);
+static void refresh_aux(const double *restrict p, double *restrict aux);
+static void forward_rows(const Block *b, int r0, int r1, void *scratch);
+static void backward_rows(const Block *b, int r0, int r1, void *scratch);
+/* this part's share of the parameter gradients over a block's `rows` rows */
+static void param_grads(const Block *b, int rows, int part, int parts, void *scratch);
+
+/* Where each parameter (in the user's order) is in p: runs of
+ * {count, user start, user step, p start, p step}. */
+HIDDEN extern const int PARAM_RUNS[N_PARAM_RUNS][5];
+/* Where each output is: >= 0 an index in the row, < 0 -(index in p) - 1. */
+HIDDEN extern const int OUTPUT_AT[];
+/* The position of a sequence from which each output is computed (0: always):
+ * forward(n) leaves the outputs of later positions uncomputed. */
+HIDDEN extern const int OUTPUT_POSITION[];
+/* The inputs the outputs depend on, in order: predict's short rows. */
+HIDDEN extern const int FEATURES[];
+#ifdef HAVE_INITIAL_PARAMS
+HIDDEN extern const double INITIAL_PARAMS[];   /* an export's weights, in the user's order */
+#endif
+#endif

@@ -1,0 +1,100 @@
+/* ---- state.h: the state of one model, owned by its caller ------------------
+ *
+ * Everything a model changes lives in an NNState (no process globals): two
+ * states of one program, or two programs, run side by side. core.h declares
+ * the functions on it. */
+#ifndef NN_STATE_H
+#define NN_STATE_H
+#ifndef NN_AMALGAMATION
+#include "program.h"
+#endif
+
+/* ---- the compiled optimizer: its kind and numbers come from the prologue */
+#define OPT_NONE 0
+#define OPT_SGD 1
+#define OPT_ADAM 2
+#define OPT_ADAMW 3
+#ifndef OPT_KIND
+#define OPT_KIND OPT_NONE
+#define OPT_NAME "none"
+#define OPT_LR 0.0
+#define OPT_MOMENTUM 0.0
+#define OPT_HAS_MOMENTUM 0
+#define OPT_WEIGHT_DECAY 0.0
+#define OPT_HAS_WEIGHT_DECAY 0
+#define OPT_STATE_VECTORS 0
+#endif
+#define STATE_VECTORS OPT_STATE_VECTORS   /* Adam: m, v; SGD with momentum: its buffer */
+#define STATE_SIZE (1 + STATE_VECTORS * N_PARAMS)   /* as nn_read_state sees it: t, then vectors */
+
+/* ---- threads (pool.c) ----------------------------------------------------- */
+
+/* A job runs on the calling thread (t = 0) and T - 1 helpers; pool_barrier()
+ * waits for all T. Every part of a job writes only what it owns (its rows,
+ * its share of the parameters), so the results are the same bits for any T. */
+typedef void (*Job)(void *ctx, int t, int T);
+
+#ifndef NN_NO_THREADS
+/* Helper threads, started when a call first wants them (as many as it wants:
+ * the array grows). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake, idle, turn;
+    pthread_t *helper;        /* helper[0:started] run */
+    int capacity;             /* of helper[] */
+    int started;
+    int stop;
+    unsigned long job_no;
+    int running;              /* helpers still in the current job */
+    Job job;
+    void *ctx;
+    int T;
+    int waiting;              /* barrier */
+    unsigned long phase;
+    pid_t pid;                /* after a fork, the child has no helpers */
+} Pool;
+#else
+typedef struct {
+    int T;
+} Pool;
+#endif
+
+static void pool_init(Pool *pl);
+static void pool_run(Pool *pl, Job job, void *ctx, int T);
+static void pool_barrier(Pool *pl, int T);
+static void pool_stop(Pool *pl);
+
+/* ---- the state ------------------------------------------------------------ */
+
+typedef struct NNState {
+    double *p, *gp, *aux;
+    double *one_v, *one_g;    /* the row of nn_set_input, nn_forward, nn_backward */
+    double *v, *g;            /* BLOCK rows for nn_train_batch and nn_predict */
+    double *state;            /* the optimizer's: t, then vectors of N_PARAM_SPAN */
+    char *scratch;            /* SCRATCH_BYTES per thread, for `capacity` threads */
+    long *first;              /* per thread: where it found a non-finite number */
+    void *raw[8];             /* what was allocated (the arrays above are 64-byte aligned in it) */
+    void *raw_scratch;
+    int capacity;             /* threads the scratch memory is for */
+    int threads;              /* what nn_set_threads() asked for */
+    int forward_done;         /* nn_backward() needs the values of an nn_forward() */
+    int upto;                 /* the positions of the last nn_forward() (a sequence) */
+    const MatVecKernels *kernels;   /* the MatVec loops for this CPU (NULL: none) */
+    int vector_level;         /* the optimizer's loops: vector_level() at nn_init */
+    Pool pool;
+} NNState;
+
+#define SCRATCH_OF(st, t) ((void *)((st)->scratch + (ptrdiff_t)(t) * SCRATCH_BYTES))
+
+/* optimizer.c: one step on the gradients / divisor, on T threads, then the
+ * packed copies of the new weights */
+static void optimizer_step(NNState *st, double lr, double divisor, int T);
+
+/* batch.c */
+static long first_non_finite(const double *x, long n);
+static Block block_of(NNState *st, double *v, double *g);
+static int threads_for(const NNState *st, long rows, int training);
+static long batch_check(NNState *st, const double *x, long n, int T);
+static double batch_train(NNState *st, const double *X, long rows, double *losses, int T);
+static void batch_predict(NNState *st, const double *X, long rows, int cols, double *out, int T);
+#endif
