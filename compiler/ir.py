@@ -19,7 +19,7 @@ Ops:
 """
 import array
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -137,23 +137,80 @@ def slot_list(slots):
     return '[' + ', '.join(f'%{s}' for s in slots) + ']'
 
 
+# Each scalar op's code in the array form (``Program.code``): its index in ``SCALAR_OPS``.
+OP_NAMES = tuple(SCALAR_OPS)
+OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
+POW = OP_CODES['**']
+
+
 @dataclass(eq=False)
+class ScalarArrays:
+    """A program of scalar ops only, as flat arrays (what ``trace`` builds):
+    op ``i`` is ``out[i] = OP_NAMES[code[i]](a[i], b[i])`` (``b[i]`` is -1
+    for a unary op), ``k`` maps the index of each ``**`` op to its exponent.
+    The analyses below read these instead of ``Op`` objects."""
+    code: object      # numpy int8
+    out: object       # numpy int64, increasing
+    a: object         # numpy int64
+    b: object         # numpy int64, -1 where none
+    k: dict
+
+    def ops(self):
+        """The ``Op`` objects (a compatibility view: built on first use of ``Program.ops``)."""
+        names = [OP_NAMES[c] for c in self.code.tolist()]
+        k = self.k
+        ops = [Op(name, o, (x, y) if y >= 0 else (x,)) for name, o, x, y in
+               zip(names, self.out.tolist(), self.a.tolist(), self.b.tolist())]
+        for i, v in k.items():
+            ops[i].k = v
+        return ops
+
+    def either(self):
+        """``b`` with a unary op's ``a`` in place of -1: the operands as two
+        lists a tight loop can index without a branch."""
+        import numpy as np
+        return np.where(self.b < 0, self.a, self.b)
+
+
 class Program:
-    n_slots: int
-    n_inputs: int
-    n_params: int
-    constants: dict          # slot -> float
-    ops: list
-    n_grad_ops: int
-    loss: int
-    outputs: tuple
-    passes: tuple = field(default=())
-    slot_map: list = None    # after a renumbering pass: old slot -> new slot (None: eliminated)
-    param_order: tuple = None   # the slot of each parameter, in ``params`` order (None: in order)
-    graph_hash: str = ''     # names the traced graph; passes keep it (see graph_hash())
-    input_grads: bool = False   # backward also computes d loss / d input
-    labels: dict = None      # slot -> the user's label of its Value (for printing only)
-    prefix_sums: tuple = ()  # a sequence's partial loss sums, one per position (see trace)
+    """A traced program (see the module's docstring for its slots). ``ops`` is
+    the list of ops; a program straight from ``trace`` holds them as
+    ``arrays`` (``ScalarArrays``) and builds the ``Op`` objects only when
+    something reads ``ops``."""
+
+    def __init__(self, n_slots, n_inputs, n_params, constants, ops=None, n_grad_ops=0, loss=0,
+                 outputs=(), passes=(), slot_map=None, param_order=None, graph_hash='',
+                 input_grads=False, labels=None, prefix_sums=(), arrays=None):
+        self.n_slots = n_slots
+        self.n_inputs = n_inputs
+        self.n_params = n_params
+        self.constants = constants        # slot -> float
+        self._ops = ops
+        self.arrays = arrays              # ScalarArrays, or None (ops hold lifted ops)
+        self.n_grad_ops = n_grad_ops
+        self.loss = loss
+        self.outputs = outputs
+        self.passes = passes
+        self.slot_map = slot_map          # after a renumbering pass: old slot -> new slot (None: eliminated)
+        self.param_order = param_order    # the slot of each parameter, in ``params`` order (None: in order)
+        self.graph_hash = graph_hash      # names the traced graph; passes keep it (see graph_hash())
+        self.input_grads = input_grads    # backward also computes d loss / d input
+        self.labels = labels              # slot -> the user's label of its Value (for printing only)
+        self.prefix_sums = prefix_sums    # a sequence's partial loss sums, one per position (see trace)
+
+    @property
+    def ops(self):
+        if self._ops is None:
+            self._ops = self.arrays.ops() if self.arrays is not None else []
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops):
+        self._ops, self.arrays = ops, None
+
+    @property
+    def n_ops(self):
+        return len(self.arrays.code) if self.arrays is not None and self._ops is None else len(self.ops)
 
     @property
     def param_start(self):
@@ -252,15 +309,27 @@ def _run_text(run):
 def graph_hash(program):
     """A name for a traced program's graph: its ops, constants, inputs,
     parameters, loss and outputs. Passes keep it, so weights saved from one
-    build of a graph fit every other build of it."""
-    codes = {name: i for i, name in enumerate(SCALAR_OPS)}
-    flat = array.array('q', [program.n_inputs, program.n_params, program.loss, *program.outputs])
-    for op in program.ops:
-        flat.append(codes[op.name])
-        flat.extend(op.args)
-    h = hashlib.sha256(flat.tobytes())
+    build of a graph fit every other build of it. (The bytes hashed are the
+    same whether the ops are arrays or ``Op`` objects.)"""
+    head = array.array('q', [program.n_inputs, program.n_params, program.loss, *program.outputs])
+    h = hashlib.sha256(head.tobytes())
+    arrays = program.arrays
+    if arrays is not None:
+        import numpy as np
+        rows = np.stack([arrays.code.astype(np.int64), arrays.a, arrays.b], axis=1)
+        keep = np.ones(rows.shape, dtype=bool)
+        keep[:, 2] = arrays.b >= 0
+        h.update(rows[keep].tobytes())
+        ks = [arrays.k[i] for i in sorted(arrays.k)]
+    else:
+        flat = array.array('q')
+        for op in program.ops:
+            flat.append(OP_CODES[op.name])
+            flat.extend(op.args)
+        h.update(flat.tobytes())
+        ks = [op.k for op in program.ops if op.k is not None]
     h.update(repr([(s, v.hex()) for s, v in program.constants.items()]).encode())
-    h.update(repr([op.k.hex() for op in program.ops if op.k is not None]).encode())
+    h.update(repr([k.hex() for k in ks]).encode())
     return h.hexdigest()[:16]
 
 
@@ -271,6 +340,13 @@ def needs_grad(program):
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     if program.input_grads:
         flags[:program.n_inputs] = b'\x01' * program.n_inputs
+    arrays = program.arrays
+    if arrays is not None:
+        n = program.n_grad_ops
+        for o, x, y in zip(arrays.out[:n].tolist(), arrays.a[:n].tolist(), arrays.either()[:n].tolist()):
+            if flags[x] or flags[y]:
+                flags[o] = 1
+        return flags
     for op in program.grad_ops:
         if type(op) is Op:
             if any(map(flags.__getitem__, op.args)):
@@ -281,12 +357,17 @@ def needs_grad(program):
     return flags
 
 
-
 def prefix_cuts(program):
     """For a sequence program, the index of the op writing each partial sum:
     forward over ``n`` positions runs ``ops[:cuts[n - 1] + 1]``."""
+    arrays = program.arrays
+    if arrays is not None:
+        import numpy as np
+        at = np.searchsorted(arrays.out, program.prefix_sums).tolist()
+        return [i if i < len(arrays.out) and arrays.out[i] == s else None
+                for i, s in zip(at, program.prefix_sums)]
     at = {op.out: i for i, op in enumerate(program.ops) if type(op) is Op or type(op) is Sum}
-    return [at[s] for s in program.prefix_sums]
+    return [at.get(s) for s in program.prefix_sums]
 
 
 def prefixes_hold(program):
@@ -296,10 +377,30 @@ def prefixes_hold(program):
     first ``n`` positions computes nothing a shorter sequence does not use,
     and its backward adds nothing to any gradient the interpreter's does not."""
     cuts = prefix_cuts(program)
-    if len(cuts) != len(program.prefix_sums) or cuts != sorted(cuts):
+    if len(cuts) != len(program.prefix_sums) or None in cuts or cuts != sorted(cuts):
         return False
-    if program.n_grad_ops != len(program.ops) or program.ops[-1].out != program.loss \
-            or cuts[-1] != len(program.ops) - 2:
+    n_ops = program.n_ops
+    if program.n_grad_ops != n_ops or not n_ops or cuts[-1] != n_ops - 2:
+        return False
+    arrays = program.arrays
+    if arrays is not None:
+        if arrays.out[-1] != program.loss:
+            return False
+        # one mark array serves every position: a position's ops only read
+        # slots written before it, so earlier positions' marks never reach it
+        live = bytearray(program.n_slots)
+        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+        start = 0
+        for cut in cuts:
+            live[out[cut]] = 1
+            for i in range(cut, start - 1, -1):
+                if not live[out[i]]:
+                    return False
+                live[a[i]] = 1
+                live[b[i]] = 1
+            start = cut + 1
+        return True
+    if program.ops[-1].out != program.loss:
         return False
     start = 0
     for cut in cuts:
@@ -329,6 +430,14 @@ def _live(program, roots):
     live = bytearray(program.n_slots)
     for s in roots:
         live[s] = 1
+    arrays = program.arrays
+    if arrays is not None:
+        for o, x, y in zip(reversed(arrays.out.tolist()), reversed(arrays.a.tolist()),
+                           reversed(arrays.either().tolist())):
+            if live[o]:
+                live[x] = 1
+                live[y] = 1
+        return live
     for op in reversed(program.ops):
         if type(op) is Op:          # most of them: no tuple of writes to build
             if live[op.out]:
