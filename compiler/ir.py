@@ -165,6 +165,16 @@ class ScalarArrays:
             ops[i].k = v
         return ops
 
+    @classmethod
+    def from_ops(cls, ops):
+        """The arrays of a list of scalar ``Op`` objects."""
+        import numpy as np
+        return cls(code=np.array([OP_CODES[op.name] for op in ops], dtype=np.int8),
+                   out=np.array([op.out for op in ops], dtype=np.int64),
+                   a=np.array([op.args[0] for op in ops], dtype=np.int64),
+                   b=np.array([op.args[1] if len(op.args) == 2 else -1 for op in ops], dtype=np.int64),
+                   k={i: op.k for i, op in enumerate(ops) if op.k is not None})
+
     def either(self):
         """``b`` with a unary op's ``a`` in place of -1: the operands as two
         lists a tight loop can index without a branch."""
@@ -174,19 +184,21 @@ class ScalarArrays:
 
 class Program:
     """A traced program (see the module's docstring for its slots). ``ops`` is
-    the list of ops; a program straight from ``trace`` holds them as
-    ``arrays`` (``ScalarArrays``) and builds the ``Op`` objects only when
+    the list of ops; a program from ``trace`` or a pass holds its scalar ops
+    as ``arrays`` (``ScalarArrays``), the lifted ones as ``lifted`` (``(index
+    in ops, op)``, in order), and builds the ``Op`` objects only when
     something reads ``ops``."""
 
     def __init__(self, n_slots, n_inputs, n_params, constants, ops=None, n_grad_ops=0, loss=0,
                  outputs=(), passes=(), slot_map=None, param_order=None, graph_hash='',
-                 input_grads=False, labels=None, prefix_sums=(), arrays=None):
+                 input_grads=False, labels=None, prefix_sums=(), arrays=None, lifted=()):
         self.n_slots = n_slots
         self.n_inputs = n_inputs
         self.n_params = n_params
         self.constants = constants        # slot -> float
         self._ops = ops
-        self.arrays = arrays              # ScalarArrays, or None (ops hold lifted ops)
+        self.arrays = arrays              # ScalarArrays of the scalar ops, or None (see ops)
+        self.lifted = lifted              # ((index in ops, lifted op), ...) beside arrays
         self.n_grad_ops = n_grad_ops
         self.loss = loss
         self.outputs = outputs
@@ -201,16 +213,27 @@ class Program:
     @property
     def ops(self):
         if self._ops is None:
-            self._ops = self.arrays.ops() if self.arrays is not None else []
+            ops = self.arrays.ops() if self.arrays is not None else []
+            for i, op in self.lifted:
+                ops.insert(i, op)
+            self._ops = ops
         return self._ops
 
     @ops.setter
     def ops(self, ops):
-        self._ops, self.arrays = ops, None
+        self._ops, self.arrays, self.lifted = ops, None, ()
+
+    @property
+    def scalar_arrays(self):
+        """``arrays`` when they are the whole program (no lifted ops): what
+        the analyses read instead of ``ops``."""
+        return self.arrays if not self.lifted else None
 
     @property
     def n_ops(self):
-        return len(self.arrays.code) if self.arrays is not None and self._ops is None else len(self.ops)
+        if self._ops is None and self.arrays is not None:
+            return len(self.arrays.code) + len(self.lifted)
+        return len(self.ops)
 
     @property
     def param_start(self):
@@ -313,7 +336,7 @@ def graph_hash(program):
     same whether the ops are arrays or ``Op`` objects.)"""
     head = array.array('q', [program.n_inputs, program.n_params, program.loss, *program.outputs])
     h = hashlib.sha256(head.tobytes())
-    arrays = program.arrays
+    arrays = program.scalar_arrays
     if arrays is not None:
         import numpy as np
         rows = np.stack([arrays.code.astype(np.int64), arrays.a, arrays.b], axis=1)
@@ -340,7 +363,7 @@ def needs_grad(program):
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     if program.input_grads:
         flags[:program.n_inputs] = b'\x01' * program.n_inputs
-    arrays = program.arrays
+    arrays = program.scalar_arrays
     if arrays is not None:
         n = program.n_grad_ops
         for o, x, y in zip(arrays.out[:n].tolist(), arrays.a[:n].tolist(), arrays.either()[:n].tolist()):
@@ -360,7 +383,7 @@ def needs_grad(program):
 def prefix_cuts(program):
     """For a sequence program, the index of the op writing each partial sum:
     forward over ``n`` positions runs ``ops[:cuts[n - 1] + 1]``."""
-    arrays = program.arrays
+    arrays = program.scalar_arrays
     if arrays is not None:
         import numpy as np
         at = np.searchsorted(arrays.out, program.prefix_sums).tolist()
@@ -382,7 +405,7 @@ def prefixes_hold(program):
     n_ops = program.n_ops
     if program.n_grad_ops != n_ops or not n_ops or cuts[-1] != n_ops - 2:
         return False
-    arrays = program.arrays
+    arrays = program.scalar_arrays
     if arrays is not None:
         if arrays.out[-1] != program.loss:
             return False
@@ -430,7 +453,7 @@ def _live(program, roots):
     live = bytearray(program.n_slots)
     for s in roots:
         live[s] = 1
-    arrays = program.arrays
+    arrays = program.scalar_arrays
     if arrays is not None:
         for o, x, y in zip(reversed(arrays.out.tolist()), reversed(arrays.a.tolist()),
                            reversed(arrays.either().tolist())):
