@@ -306,10 +306,10 @@ def _consistent_weights(layers, uses):
 def _make_layer(vector, members, rows, g):
     members.sort(key=lambda m: m[1][0])        # rows in the weights' order
     R, C = len(members), len(vector)
-    if len(np.unique(vector)) != C:
+    if _repeats(vector):
         return None
     weights = np.stack([w for _, w in members])
-    if len(np.unique(weights)) != weights.size:   # each weight in one row, once (it may be
+    if _repeats(weights.ravel()):   # each weight in one row, once (it may be
         return None                               # shared with other layers: _consistent_weights)
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
@@ -334,6 +334,11 @@ def _make_layer(vector, members, rows, g):
     roots = [root for root, _ in members]
     y_slots = g.out[roots]
     return _Layer(roots, vector, weights, heads, y_slots, bwd_rows, x_needs_grad, leaves)
+
+
+def _repeats(slots):
+    s = np.sort(slots)
+    return bool(np.any(s[1:] == s[:-1]))
 
 
 def _claim_blocks(blocks, layer):
@@ -379,8 +384,8 @@ def _schedule(g, rep_of, reads):
     # the general case: units in order, waiting where they must
     done = bytearray(cone)
     waiting, users, heap, order = {}, defaultdict(list), [], []
-    a, b = g.a.tolist(), g.b.tolist()
-    producer, rep = g.producer, rep_of
+    a, b = g.a[:cone].tolist(), g.b[:cone].tolist()
+    producer, rep = g.producer.tolist(), rep_of.tolist()
 
     def emit(u):
         order.append(u)
@@ -396,9 +401,9 @@ def _schedule(g, rep_of, reads):
         if u in reads:
             deps = set(dep_units(reads[u]).tolist()) - {u}
         else:
-            deps = {int(rep[producer[a[u]]])} if producer[a[u]] >= 0 else set()
+            deps = {rep[producer[a[u]]]} if producer[a[u]] >= 0 else set()
             if b[u] >= 0 and producer[b[u]] >= 0:
-                deps.add(int(rep[producer[b[u]]]))
+                deps.add(rep[producer[b[u]]])
         deps = [d for d in deps if not done[d]]
         if not deps:
             emit(u)
@@ -436,7 +441,7 @@ def _same_gradient_order(g, schedule, rep_of):
     slots, reader = slots[keep], reader[keep]
     shared = (g.uses[slots] > 1) & g.needs[slots]
     slots, reader = slots[shared], reader[shared]
-    order = np.lexsort((reader, slots))       # each slot's readers in the original order
+    order = np.argsort(slots * cone + reader)   # each slot's readers in the original order
     slots, pos = slots[order], new_pos[reader[order]]
     same = slots[1:] == slots[:-1]
     return not np.any(same & (pos[1:] < pos[:-1]))
@@ -481,26 +486,23 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
     new[perm] = np.arange(program.param_start, program.param_end)
 
     # computed slots: layers' x and y blocks first, then each unit's writes in order
-    is_layer = {u for u, op in lifted.items() if isinstance(op, _Layer)}
-    sched = schedule.tolist()
-    writes = [np.concatenate([b for layer in layers for b in
-                              ([layer.x_slots] if layer.x_slots is not None else []) + [layer.y_slots]])
-              if layers else np.zeros(0, dtype=np.int64)]
-    unit_writes = g.out[schedule]
-    keep = np.array([u not in is_layer for u in sched], dtype=bool) if is_layer else np.ones(len(sched), bool)
-    writes.append(unit_writes[keep])
-    writes.append(g.out[g.cone:])
-    seq = np.concatenate(writes)
-    seq = seq[new[seq] < 0]
-    _, first = np.unique(seq, return_index=True)
-    seq = seq[np.sort(first)]
-    new[seq] = np.arange(leaves, leaves + len(seq))
-    n_slots = leaves + len(seq)
+    # (each op writes its own slot: the only repeats are blocks met twice)
+    at = leaves
+    for layer in layers:
+        for block in ([layer.x_slots] if layer.x_slots is not None else []) + [layer.y_slots]:
+            block = block[new[block] < 0]
+            new[block] = np.arange(at, at + len(block))
+            at += len(block)
+    reps = np.array(sorted(lifted), dtype=np.int64)
+    is_lifted = np.isin(schedule, reps)
+    layer_reps = np.array([u for u, op in lifted.items() if isinstance(op, _Layer)], dtype=np.int64)
+    writes = np.r_[g.out[schedule[~np.isin(schedule, layer_reps)]], g.out[g.cone:]]
+    writes = writes[new[writes] < 0]
+    new[writes] = np.arange(at, at + len(writes))
+    n_slots = at + len(writes)
 
     # the ops: scalar ones as arrays, lifted ones beside them
-    lifted_at = {u for u in lifted}
-    scalar_units = schedule[~np.isin(schedule, list(lifted_at))] if lifted_at else schedule
-    scalar_ops = np.r_[scalar_units, np.arange(g.cone, g.n)]
+    scalar_ops = np.r_[schedule[~is_lifted], np.arange(g.cone, g.n)]
     arrays = g.arrays
     b = arrays.b[scalar_ops]
     k_new = {}
@@ -511,10 +513,8 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
     scalar = ScalarArrays(code=arrays.code[scalar_ops], out=new[arrays.out[scalar_ops]],
                           a=new[arrays.a[scalar_ops]], b=np.where(b >= 0, new[b], -1), k=k_new)
     lifted_ops = []
-    for i, u in enumerate(sched):
-        op = lifted.get(u)
-        if op is None:
-            continue
+    for i in np.flatnonzero(is_lifted).tolist():
+        op = lifted[int(schedule[i])]
         if isinstance(op, Sum):
             op = Sum(int(new[op.out]), new[np.array(op.terms)].tolist())
         else:
@@ -524,7 +524,7 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
     param_slots = tuple(new[np.array(program.param_slots, dtype=np.int64)].tolist()) if program.n_params else ()
     return Program(n_slots=n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, arrays=scalar, lifted=tuple(lifted_ops),
-                   n_grad_ops=len(sched), loss=int(new[program.loss]),
+                   n_grad_ops=len(schedule), loss=int(new[program.loss]),
                    outputs=tuple(new[np.array(program.outputs, dtype=np.int64)].tolist()),
                    passes=program.passes + ('vectorize',), slot_map=slot_map, param_order=param_slots,
                    graph_hash=program.graph_hash, input_grads=program.input_grads,
