@@ -45,7 +45,7 @@ def gpt(n_embd=16, n_layer=1, n_head=4):
     return build
 
 
-def irregular(n_ops=2_400_000, seed=0):
+def irregular(n_ops=int(os.environ.get('BENCH_RANDOM_OPS', 2_400_000)), seed=0):
     """Each op reads random earlier values (mostly recent ones): no structure to lift."""
     def build():
         rng = random.Random(seed)

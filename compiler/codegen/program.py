@@ -126,14 +126,12 @@ class _Program:
             if not run:
                 return
             if direction == 'forward':
-                lines = [line for op in run for line in
-                         ([self.scalar.forward(op)] if type(op) is Op else sums.forward(op, self.scalar))]
+                lines = self.scalar.forward_lines(run, lambda op: sums.forward(op, self.scalar))
                 name = self.functions.define('forward', FORWARD_PARAMS, lines)
                 steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
             else:
-                lines = [line for op in run if self.flags[op.out] for line in
-                         (self.scalar.backward(op, self.flags) if type(op) is Op
-                          else sums.backward(op, self.scalar, self.flags))]
+                lines = self.scalar.backward_lines(
+                    run, self.flags, lambda op: sums.backward(op, self.scalar, self.flags))
                 if lines:
                     name = self.functions.define('backward', BACKWARD_PARAMS, lines)
                     steps.append(f'for (int r = r0; r < r1; r++) '
