@@ -419,12 +419,8 @@ def _schedule(g, rep_of, reads):
 
 def _latest_read(g, rep_of, ops):
     """The latest unit each of ``ops`` (scalar op indices) reads from (-1: leaves only)."""
-    latest = np.full(len(ops), -1, dtype=np.int64)
-    for operand in (g.a[ops], g.b[ops]):
-        j = g.producer[operand]             # b == -1 reads producer[-1] == -1
-        has = j >= 0
-        latest[has] = np.maximum(latest[has], rep_of[j[has]])
-    return latest
+    unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
+    return np.maximum(unit[g.producer[g.a[ops]]], unit[g.producer[g.b[ops]]])
 
 
 def _same_gradient_order(g, schedule, rep_of):
@@ -438,9 +434,16 @@ def _same_gradient_order(g, schedule, rep_of):
     slots = np.concatenate([g.a[:cone], g.b[:cone]])
     reader = np.concatenate([ops, ops])
     keep = slots >= 0
+    keep[keep] = (g.uses[slots[keep]] > 1) & g.needs[slots[keep]]
+    if np.array_equal(schedule, np.flatnonzero(rep_of == ops)):
+        # units in their own order: only a read by an absorbed op can move
+        # after a later one (to its unit), so only slots such reads reach matter
+        moved = rep_of != ops
+        reached = np.zeros(g.program.n_slots + 1, dtype=bool)
+        reached[g.a[:cone][moved]] = True
+        reached[g.b[:cone][moved]] = True
+        keep &= reached[slots]
     slots, reader = slots[keep], reader[keep]
-    shared = (g.uses[slots] > 1) & g.needs[slots]
-    slots, reader = slots[shared], reader[shared]
     order = np.argsort(slots * cone + reader)   # each slot's readers in the original order
     slots, pos = slots[order], new_pos[reader[order]]
     same = slots[1:] == slots[:-1]
