@@ -209,6 +209,7 @@ class Program:
         self.input_grads = input_grads    # backward also computes d loss / d input
         self.labels = labels              # slot -> the user's label of its Value (for printing only)
         self.prefix_sums = prefix_sums    # a sequence's partial loss sums, one per position (see trace)
+        self.known_needs_grad = None      # needs_grad's answer, where a pass already knows it
 
     @property
     def ops(self):
@@ -359,6 +360,8 @@ def graph_hash(program):
 def needs_grad(program):
     """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter
     (or, with ``program.input_grads``, an input)."""
+    if program.known_needs_grad is not None:
+        return bytearray(program.known_needs_grad)
     flags = bytearray(program.n_slots)
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     if program.input_grads:

@@ -523,9 +523,13 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
         else:
             op = op.matvec(new)
         lifted_ops.append((i, op))
+    # a lifted op needs a gradient where its ops did: the flags carry over
+    kept = new >= 0
+    flags = np.zeros(n_slots, dtype=np.uint8)
+    flags[new[kept]] = g.needs[:program.n_slots][kept]
     slot_map = [None if s < 0 else s for s in new.tolist()]
     param_slots = tuple(new[np.array(program.param_slots, dtype=np.int64)].tolist()) if program.n_params else ()
-    return Program(n_slots=n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+    out = Program(n_slots=n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, arrays=scalar, lifted=tuple(lifted_ops),
                    n_grad_ops=len(schedule), loss=int(new[program.loss]),
                    outputs=tuple(new[np.array(program.outputs, dtype=np.int64)].tolist()),
@@ -534,3 +538,5 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
                    labels={slot_map[s]: label for s, label in (program.labels or {}).items()
                            if slot_map[s] is not None},
                    prefix_sums=tuple(new[np.array(program.prefix_sums, dtype=np.int64)].tolist()))
+    out.known_needs_grad = flags.tobytes()
+    return out

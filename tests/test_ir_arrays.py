@@ -193,3 +193,23 @@ def test_vectorize_from_arrays_equals_vectorize_from_objects(sizes):
     assert str(a) == str(b)
     assert a.slot_map == b.slot_map and a.param_order == b.param_order
     assert any(type(op).__name__ == 'MatVec' for op in a.ops)
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_the_pass_carries_needs_grad_over(seed):
+    """The lifted program's flags, carried over from the traced one, are
+    what needs_grad computes from its ops."""
+    graphs = [random_graph(seed, 2000)]
+    sizes = [[4, 3, 2], [5, 4, 4, 3]][seed % 2]
+    build = mlp_builder(sizes)
+    inputs = [Value(0.0) for _ in range(sizes[0] + sizes[-1])]
+    params = [Value(0.1 * i) for i in range(sum((a + 1) * b for a, b in zip(sizes, sizes[1:])))]
+    loss, logits = build(inputs, params)
+    graphs.append((loss, inputs, params, logits))
+    for graph in graphs:
+        for input_grads in (False, True):
+            lifted = vectorize(trace_graph(*graph, input_grads=input_grads)[0])
+            assert 'vectorize' in lifted.passes
+            carried = needs_grad(lifted)
+            lifted.known_needs_grad = None
+            assert carried == needs_grad(lifted)
