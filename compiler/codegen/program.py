@@ -4,7 +4,7 @@ a block's rows (``forward_rows``, ``backward_rows``, ``param_grads``), with
 the numbers the module template needs (``_Program.emit``)."""
 import math
 
-from compiler.codegen import sums
+from compiler.codegen import sums, table
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
@@ -115,6 +115,11 @@ class _Program:
         self.functions = _Functions()
         # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
         self.cuts = prefix_cuts(program) if program.prefix_sums else []
+        # a large scalar remainder runs from an op table (compiler/codegen/table.py)
+        n_scalar = len(program.arrays.code) if program.arrays is not None else \
+            sum(1 for op in program.ops if type(op) is Op)
+        self.table = table.OpTable(program, self.layout, self.flags) \
+            if n_scalar >= table.TABLE_MIN_OPS else None
 
     def _steps(self, indexed_ops, direction):
         """C statements running ``indexed_ops`` ((index, op) pairs, in the
@@ -125,6 +130,8 @@ class _Program:
         def flush():
             if not run:
                 return
+            if self.table is not None:
+                return flush_table()
             if direction == 'forward':
                 lines = self.scalar.forward_lines(run, lambda op: sums.forward(op, self.scalar))
                 name = self.functions.define('forward', FORWARD_PARAMS, lines)
@@ -137,6 +144,32 @@ class _Program:
                     steps.append(f'for (int r = r0; r < r1; r++) '
                                  f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
             run.clear()
+
+        def flush_table():
+            # pieces of scalar ops: one loop call each; Sums between them: statements
+            piece = []
+            for k, (i, op) in enumerate(run + [(None, None)]):
+                if type(op) is Op:
+                    piece.append(i)
+                    continue
+                if piece:
+                    lo, hi = self.table.entry(min(piece)), self.table.entry(max(piece)) + 1
+                    steps.append(self.table.forward_call(lo, hi) if direction == 'forward'
+                                 else self.table.backward_call(lo, hi))
+                    piece.clear()
+                if op is None:
+                    break
+                if direction == 'forward':
+                    lines = sums.forward(op, self.scalar)
+                    name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+                elif self.flags[op.out]:
+                    lines = sums.backward(op, self.scalar, self.flags)
+                    if lines:
+                        name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                        steps.append(f'for (int r = r0; r < r1; r++) '
+                                     f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            run.clear()
         for i, op in indexed_ops:
             if type(op) is MatVec:
                 flush()
@@ -145,7 +178,7 @@ class _Program:
                 elif id(op) in self.matvecs.has_backward:
                     steps.append(self.matvecs.backward_call(op))
             else:
-                run.append(op)
+                run.append((i, op) if self.table is not None else op)
         flush()
         return steps
 
@@ -224,6 +257,8 @@ class _Program:
         program, lay = self.program, self.layout
         out = [_loss_of(lay, program), '', _init_constants(lay, program.constants)]
         out += self.matvecs.functions()
+        if self.table is not None:
+            out.append(self.table.c_text())
         out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in self.matvecs.refresh()]
         out += ['    (void)p; (void)aux;\n}\n']

@@ -54,9 +54,24 @@ class CScalar(NamedTuple):
     comment: bool = False   # the forward expression does not name the op: say it in a comment
 
 
+class Exponent(NamedTuple):
+    """The exponent of ``**`` read at run time (the op table, compiler/codegen/table.py):
+    C expressions of ``k`` and of ``k - 1.0`` (computed in Python: the same double)."""
+    k: str
+    k_minus_1: str
+
+
+def _k(k):
+    return k.k if type(k) is Exponent else c_double(k)
+
+
+def _k_minus_1(k):
+    return k.k_minus_1 if type(k) is Exponent else c_double(k - 1.0)
+
+
 def _pow_grad(a, b, o, g, k):
     # d(x^k)/dx = k x^(k-1)
-    return f'({c_double(k)} * pow({a}, {c_double(k - 1.0)})) * {g}'
+    return f'({_k(k)} * pow({a}, {_k_minus_1(k)})) * {g}'
 
 
 SCALAR_C = {
@@ -72,7 +87,7 @@ SCALAR_C = {
                  ((0, lambda a, b, o, g, k: f'{g} / {b}', None),
                   (1, lambda a, b, o, g, k: f'-({g} * {o}) / {b}', None))),
     'neg': CScalar(lambda a, b, k: f'-{a}', ((0, lambda a, b, o, g, k: f'-{g}', None),), comment=True),
-    '**': CScalar(lambda a, b, k: f'pow({a}, {c_double(k)})', ((0, _pow_grad, None),)),
+    '**': CScalar(lambda a, b, k: f'pow({a}, {_k(k)})', ((0, _pow_grad, None),)),
     # the derivative at 0 is taken as 0: the interpreter adds (o > 0) * g
     'relu': CScalar(lambda a, b, k: f'{a} < 0.0 ? 0.0 : {a}',
                     ((0, lambda a, b, o, g, k: f'({o} > 0.0) * {g}', None),), comment=True),
