@@ -236,18 +236,16 @@ class Program:
             return len(self.arrays.code) + len(self.lifted)
         return len(self.ops)
 
-    @property
-    def param_start(self):
-        return self.n_inputs
-
-    @property
-    def param_end(self):
-        return self.n_inputs + self.n_params
-
-    @property
-    def n_leaves(self):
-        """Inputs, parameters and constants come first: slots below this are leaves."""
-        return self.n_inputs + self.n_params + len(self.constants)
+    def __setattr__(self, name, value):
+        # param_start, param_end and n_leaves are plain attributes (codegen
+        # reads them per slot), kept in step with what they derive from
+        object.__setattr__(self, name, value)
+        if name in ('n_inputs', 'n_params', 'constants') and 'constants' in self.__dict__:
+            d = self.__dict__
+            d['param_start'] = d['n_inputs']
+            d['param_end'] = d['n_inputs'] + d['n_params']
+            # inputs, parameters and constants come first: slots below this are leaves
+            d['n_leaves'] = d['param_end'] + len(d['constants'])
 
     @property
     def param_slots(self):

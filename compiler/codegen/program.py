@@ -4,6 +4,8 @@ a block's rows (``forward_rows``, ``backward_rows``, ``param_grads``), with
 the numbers the module template needs (``_Program.emit``)."""
 import math
 
+import numpy as np
+
 from compiler.codegen import sums, table
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
@@ -125,13 +127,14 @@ class _Program:
         """C statements running ``indexed_ops`` ((index, op) pairs, in the
         order to run) over rows r0..r1: runs of scalar ops become per-row
         functions, vector ops calls of their wrappers."""
+        if self.table is not None and indexed_ops:
+            ends = (indexed_ops[0][0], indexed_ops[-1][0])
+            return self._table_steps(min(ends), max(ends) + 1, direction)
         steps, run = [], []
 
         def flush():
             if not run:
                 return
-            if self.table is not None:
-                return flush_table()
             if direction == 'forward':
                 lines = self.scalar.forward_lines(run, lambda op: sums.forward(op, self.scalar))
                 name = self.functions.define('forward', FORWARD_PARAMS, lines)
@@ -145,31 +148,6 @@ class _Program:
                                  f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
             run.clear()
 
-        def flush_table():
-            # pieces of scalar ops: one loop call each; Sums between them: statements
-            piece = []
-            for k, (i, op) in enumerate(run + [(None, None)]):
-                if type(op) is Op:
-                    piece.append(i)
-                    continue
-                if piece:
-                    lo, hi = self.table.entry(min(piece)), self.table.entry(max(piece)) + 1
-                    steps.append(self.table.forward_call(lo, hi) if direction == 'forward'
-                                 else self.table.backward_call(lo, hi))
-                    piece.clear()
-                if op is None:
-                    break
-                if direction == 'forward':
-                    lines = sums.forward(op, self.scalar)
-                    name = self.functions.define('forward', FORWARD_PARAMS, lines)
-                    steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
-                elif self.flags[op.out]:
-                    lines = sums.backward(op, self.scalar, self.flags)
-                    if lines:
-                        name = self.functions.define('backward', BACKWARD_PARAMS, lines)
-                        steps.append(f'for (int r = r0; r < r1; r++) '
-                                     f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
-            run.clear()
         for i, op in indexed_ops:
             if type(op) is MatVec:
                 flush()
@@ -178,8 +156,61 @@ class _Program:
                 elif id(op) in self.matvecs.has_backward:
                     steps.append(self.matvecs.backward_call(op))
             else:
-                run.append((i, op) if self.table is not None else op)
+                run.append(op)
         flush()
+        return steps
+
+    def _table_steps(self, p0, p1, direction):
+        """``_steps`` of the ops at positions ``p0..p1-1`` when the scalar ops
+        run from the table: a loop call per range of them, found between the
+        other ops (few) without visiting each op; consecutive Sums share one
+        function of statements."""
+        tab, ops = self.table, self.program.ops
+        others = tab.others[np.searchsorted(tab.others, p0):np.searchsorted(tab.others, p1)].tolist()
+        segments, at = [], p0
+        for q in others:
+            if q > at:
+                segments.append((at, q))
+            segments.append(q)
+            at = q + 1
+        if at < p1:
+            segments.append((at, p1))
+        forward = direction == 'forward'
+        if not forward:
+            segments.reverse()
+        steps, sums_run = [], []
+
+        def flush_sums():
+            if not sums_run:
+                return
+            if forward:
+                lines = [line for op in sums_run for line in sums.forward(op, self.scalar)]
+                name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+            else:
+                lines = [line for op in sums_run if self.flags[op.out]
+                         for line in sums.backward(op, self.scalar, self.flags)]
+                if lines:
+                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) '
+                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            sums_run.clear()
+        for seg in segments:
+            if type(seg) is tuple:
+                flush_sums()
+                e0, e1 = tab.entry(seg[0]), tab.entry(seg[1] - 1) + 1
+                steps.append(tab.forward_call(e0, e1) if forward else tab.backward_call(e0, e1))
+                continue
+            op = ops[seg]
+            if type(op) is MatVec:
+                flush_sums()
+                if forward:
+                    steps.append(self.matvecs.forward_call(op))
+                elif id(op) in self.matvecs.has_backward:
+                    steps.append(self.matvecs.backward_call(op))
+            else:
+                sums_run.append(op)
+        flush_sums()
         return steps
 
     def forward(self):
