@@ -19,7 +19,7 @@ Ops:
 """
 import array
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -137,36 +137,115 @@ def slot_list(slots):
     return '[' + ', '.join(f'%{s}' for s in slots) + ']'
 
 
+# Each scalar op's code in the array form (``Program.code``): its index in ``SCALAR_OPS``.
+OP_NAMES = tuple(SCALAR_OPS)
+OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
+POW = OP_CODES['**']
+
+
 @dataclass(eq=False)
+class ScalarArrays:
+    """A program of scalar ops only, as flat arrays (what ``trace`` builds):
+    op ``i`` is ``out[i] = OP_NAMES[code[i]](a[i], b[i])`` (``b[i]`` is -1
+    for a unary op), ``k`` maps the index of each ``**`` op to its exponent.
+    The analyses below read these instead of ``Op`` objects."""
+    code: object      # numpy int8
+    out: object       # numpy int64, increasing
+    a: object         # numpy int64
+    b: object         # numpy int64, -1 where none
+    k: dict
+
+    def ops(self):
+        """The ``Op`` objects (a compatibility view: built on first use of ``Program.ops``)."""
+        names = [OP_NAMES[c] for c in self.code.tolist()]
+        k = self.k
+        ops = [Op(name, o, (x, y) if y >= 0 else (x,)) for name, o, x, y in
+               zip(names, self.out.tolist(), self.a.tolist(), self.b.tolist())]
+        for i, v in k.items():
+            ops[i].k = v
+        return ops
+
+    @classmethod
+    def from_ops(cls, ops):
+        """The arrays of a list of scalar ``Op`` objects."""
+        import numpy as np
+        return cls(code=np.array([OP_CODES[op.name] for op in ops], dtype=np.int8),
+                   out=np.array([op.out for op in ops], dtype=np.int64),
+                   a=np.array([op.args[0] for op in ops], dtype=np.int64),
+                   b=np.array([op.args[1] if len(op.args) == 2 else -1 for op in ops], dtype=np.int64),
+                   k={i: op.k for i, op in enumerate(ops) if op.k is not None})
+
+    def either(self):
+        """``b`` with a unary op's ``a`` in place of -1: the operands as two
+        lists a tight loop can index without a branch."""
+        import numpy as np
+        return np.where(self.b < 0, self.a, self.b)
+
+
 class Program:
-    n_slots: int
-    n_inputs: int
-    n_params: int
-    constants: dict          # slot -> float
-    ops: list
-    n_grad_ops: int
-    loss: int
-    outputs: tuple
-    passes: tuple = field(default=())
-    slot_map: list = None    # after a renumbering pass: old slot -> new slot (None: eliminated)
-    param_order: tuple = None   # the slot of each parameter, in ``params`` order (None: in order)
-    graph_hash: str = ''     # names the traced graph; passes keep it (see graph_hash())
-    input_grads: bool = False   # backward also computes d loss / d input
-    labels: dict = None      # slot -> the user's label of its Value (for printing only)
-    prefix_sums: tuple = ()  # a sequence's partial loss sums, one per position (see trace)
+    """A traced program (see the module's docstring for its slots). ``ops`` is
+    the list of ops; a program from ``trace`` or a pass holds its scalar ops
+    as ``arrays`` (``ScalarArrays``), the lifted ones as ``lifted`` (``(index
+    in ops, op)``, in order), and builds the ``Op`` objects only when
+    something reads ``ops``."""
+
+    def __init__(self, n_slots, n_inputs, n_params, constants, ops=None, n_grad_ops=0, loss=0,
+                 outputs=(), passes=(), slot_map=None, param_order=None, graph_hash='',
+                 input_grads=False, labels=None, prefix_sums=(), arrays=None, lifted=()):
+        self.n_slots = n_slots
+        self.n_inputs = n_inputs
+        self.n_params = n_params
+        self.constants = constants        # slot -> float
+        self._ops = ops
+        self.arrays = arrays              # ScalarArrays of the scalar ops, or None (see ops)
+        self.lifted = lifted              # ((index in ops, lifted op), ...) beside arrays
+        self.n_grad_ops = n_grad_ops
+        self.loss = loss
+        self.outputs = outputs
+        self.passes = passes
+        self.slot_map = slot_map          # after a renumbering pass: old slot -> new slot (None: eliminated)
+        self.param_order = param_order    # the slot of each parameter, in ``params`` order (None: in order)
+        self.graph_hash = graph_hash      # names the traced graph; passes keep it (see graph_hash())
+        self.input_grads = input_grads    # backward also computes d loss / d input
+        self.labels = labels              # slot -> the user's label of its Value (for printing only)
+        self.prefix_sums = prefix_sums    # a sequence's partial loss sums, one per position (see trace)
+        self.known_needs_grad = None      # needs_grad's answer, where a pass already knows it
 
     @property
-    def param_start(self):
-        return self.n_inputs
+    def ops(self):
+        if self._ops is None:
+            ops = self.arrays.ops() if self.arrays is not None else []
+            for i, op in self.lifted:
+                ops.insert(i, op)
+            self._ops = ops
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops):
+        self._ops, self.arrays, self.lifted = ops, None, ()
 
     @property
-    def param_end(self):
-        return self.n_inputs + self.n_params
+    def scalar_arrays(self):
+        """``arrays`` when they are the whole program (no lifted ops): what
+        the analyses read instead of ``ops``."""
+        return self.arrays if not self.lifted else None
 
     @property
-    def n_leaves(self):
-        """Inputs, parameters and constants come first: slots below this are leaves."""
-        return self.n_inputs + self.n_params + len(self.constants)
+    def n_ops(self):
+        if self._ops is None and self.arrays is not None:
+            return len(self.arrays.code) + len(self.lifted)
+        return len(self.ops)
+
+    def __setattr__(self, name, value):
+        # param_start, param_end and n_leaves are plain attributes (codegen
+        # reads them per slot), kept in step with what they derive from
+        object.__setattr__(self, name, value)
+        if name in ('n_inputs', 'n_params', 'constants') and 'constants' in self.__dict__:
+            d = self.__dict__
+            d['param_start'] = d['n_inputs']
+            d['param_end'] = d['n_inputs'] + d['n_params']
+            # inputs, parameters and constants come first: slots below this are leaves
+            d['n_leaves'] = d['param_end'] + len(d['constants'])
 
     @property
     def param_slots(self):
@@ -252,25 +331,46 @@ def _run_text(run):
 def graph_hash(program):
     """A name for a traced program's graph: its ops, constants, inputs,
     parameters, loss and outputs. Passes keep it, so weights saved from one
-    build of a graph fit every other build of it."""
-    codes = {name: i for i, name in enumerate(SCALAR_OPS)}
-    flat = array.array('q', [program.n_inputs, program.n_params, program.loss, *program.outputs])
-    for op in program.ops:
-        flat.append(codes[op.name])
-        flat.extend(op.args)
-    h = hashlib.sha256(flat.tobytes())
+    build of a graph fit every other build of it. (The bytes hashed are the
+    same whether the ops are arrays or ``Op`` objects.)"""
+    head = array.array('q', [program.n_inputs, program.n_params, program.loss, *program.outputs])
+    h = hashlib.sha256(head.tobytes())
+    arrays = program.scalar_arrays
+    if arrays is not None:
+        import numpy as np
+        rows = np.stack([arrays.code.astype(np.int64), arrays.a, arrays.b], axis=1)
+        keep = np.ones(rows.shape, dtype=bool)
+        keep[:, 2] = arrays.b >= 0
+        h.update(rows[keep].tobytes())
+        ks = [arrays.k[i] for i in sorted(arrays.k)]
+    else:
+        flat = array.array('q')
+        for op in program.ops:
+            flat.append(OP_CODES[op.name])
+            flat.extend(op.args)
+        h.update(flat.tobytes())
+        ks = [op.k for op in program.ops if op.k is not None]
     h.update(repr([(s, v.hex()) for s, v in program.constants.items()]).encode())
-    h.update(repr([op.k.hex() for op in program.ops if op.k is not None]).encode())
+    h.update(repr([k.hex() for k in ks]).encode())
     return h.hexdigest()[:16]
 
 
 def needs_grad(program):
     """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter
     (or, with ``program.input_grads``, an input)."""
+    if program.known_needs_grad is not None:
+        return bytearray(program.known_needs_grad)
     flags = bytearray(program.n_slots)
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     if program.input_grads:
         flags[:program.n_inputs] = b'\x01' * program.n_inputs
+    arrays = program.scalar_arrays
+    if arrays is not None:
+        n = program.n_grad_ops
+        for o, x, y in zip(arrays.out[:n].tolist(), arrays.a[:n].tolist(), arrays.either()[:n].tolist()):
+            if flags[x] or flags[y]:
+                flags[o] = 1
+        return flags
     for op in program.grad_ops:
         if type(op) is Op:
             if any(map(flags.__getitem__, op.args)):
@@ -281,12 +381,17 @@ def needs_grad(program):
     return flags
 
 
-
 def prefix_cuts(program):
     """For a sequence program, the index of the op writing each partial sum:
     forward over ``n`` positions runs ``ops[:cuts[n - 1] + 1]``."""
+    arrays = program.scalar_arrays
+    if arrays is not None:
+        import numpy as np
+        at = np.searchsorted(arrays.out, program.prefix_sums).tolist()
+        return [i if i < len(arrays.out) and arrays.out[i] == s else None
+                for i, s in zip(at, program.prefix_sums)]
     at = {op.out: i for i, op in enumerate(program.ops) if type(op) is Op or type(op) is Sum}
-    return [at[s] for s in program.prefix_sums]
+    return [at.get(s) for s in program.prefix_sums]
 
 
 def prefixes_hold(program):
@@ -296,10 +401,30 @@ def prefixes_hold(program):
     first ``n`` positions computes nothing a shorter sequence does not use,
     and its backward adds nothing to any gradient the interpreter's does not."""
     cuts = prefix_cuts(program)
-    if len(cuts) != len(program.prefix_sums) or cuts != sorted(cuts):
+    if len(cuts) != len(program.prefix_sums) or None in cuts or cuts != sorted(cuts):
         return False
-    if program.n_grad_ops != len(program.ops) or program.ops[-1].out != program.loss \
-            or cuts[-1] != len(program.ops) - 2:
+    n_ops = program.n_ops
+    if program.n_grad_ops != n_ops or not n_ops or cuts[-1] != n_ops - 2:
+        return False
+    arrays = program.scalar_arrays
+    if arrays is not None:
+        if arrays.out[-1] != program.loss:
+            return False
+        # one mark array serves every position: a position's ops only read
+        # slots written before it, so earlier positions' marks never reach it
+        live = bytearray(program.n_slots)
+        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+        start = 0
+        for cut in cuts:
+            live[out[cut]] = 1
+            for i in range(cut, start - 1, -1):
+                if not live[out[i]]:
+                    return False
+                live[a[i]] = 1
+                live[b[i]] = 1
+            start = cut + 1
+        return True
+    if program.ops[-1].out != program.loss:
         return False
     start = 0
     for cut in cuts:
@@ -329,6 +454,14 @@ def _live(program, roots):
     live = bytearray(program.n_slots)
     for s in roots:
         live[s] = 1
+    arrays = program.scalar_arrays
+    if arrays is not None:
+        for o, x, y in zip(reversed(arrays.out.tolist()), reversed(arrays.a.tolist()),
+                           reversed(arrays.either().tolist())):
+            if live[o]:
+                live[x] = 1
+                live[y] = 1
+        return live
     for op in reversed(program.ops):
         if type(op) is Op:          # most of them: no tuple of writes to build
             if live[op.out]:

@@ -2,6 +2,7 @@
 of Keras' ``model.summary()``) and ``m.draw(path)`` (the network as a
 picture: vector ops and runs of scalar ops, not every scalar)."""
 import os
+import re
 from collections import Counter
 
 from compiler.ir import MatVec, Op
@@ -85,10 +86,17 @@ def summary(model):
             + f', outputs {len(program.outputs):,}',
             f'program: {len(program.ops):,} ops over {program.n_slots:,} slots'
             + (f' (passes: {", ".join(program.passes)})' if program.passes else ''),
-            f'C: {model.source.count(chr(10)):,} lines; {toolchain} {b.flags_text() if b else ""}',
+            f'C: {model.source.count(chr(10)):,} lines; {toolchain} {b.flags_text() if b else ""}'
+            + _scalar_code(model.source),
             f'optimizer: {model.module.optimizer}; threads: {model.threads}',
             f'compile(): {sum(model.timings.values()):.2f} s ({stages})']
     return '\n'.join(out)
+
+
+def _scalar_code(source):
+    """How the scalar ops run, when not as statements: compiler/codegen/table.py's mark."""
+    found = re.search(r'/\* the scalar op table: ([\d,]+) ops', source)
+    return f'; scalar ops from an op table ({found.group(1)} ops, one C loop each way)' if found else ''
 
 
 def draw(model, path):

@@ -1,8 +1,10 @@
 """Trace a ``Value`` graph once into a ``Program``."""
 import numbers
 
-from micrograd.engine import Constant, Value, topological_order
-from compiler.ir import SCALAR_OPS, Op, Program, graph_hash, prefixes_hold
+import numpy as np
+
+from micrograd.engine import Constant, Value
+from compiler.ir import OP_CODES, POW, SCALAR_OPS, Program, ScalarArrays, graph_hash, prefixes_hold
 
 
 class TraceError(TypeError):
@@ -32,11 +34,12 @@ def trace(loss, inputs=(), params=(), outputs=(), input_grads=False):
 
 def trace_with_slots(loss, inputs=(), params=(), outputs=()):
     """``trace``, and the slot of every ``Value`` in the graph (for debugging and tests)."""
-    return trace_graph(loss, inputs, params, outputs)[:2]
+    return trace_graph(loss, inputs, params, outputs, want_slots=True)[:2]
 
 
-def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grads=False):
-    """``(program, slot of every Value, undeclared leaves)``.
+def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grads=False, want_slots=False):
+    """``(program, slot of every Value, undeclared leaves)`` (the slots only
+    ``want_slots``; else the walk's provisional numbers).
 
     The ``Program`` computes ``loss`` (and ``outputs``) from ``inputs`` and
     ``params``. Ops are in the interpreter's topological order from the loss,
@@ -69,74 +72,147 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
 
     slot = {}
     for v in inputs + params:
-        slot[v] = len(slot)
-    visited = set()
+        slot[v] = -1 - len(slot)      # leaves: -1 - slot (see _walk)
+    n_declared = len(slot)
+    walk = _Walk(slot, n_declared)
     try:
-        cone = topological_order([loss], visited)
-        order = cone + topological_order(outputs, visited)
+        walk.run([loss])
+        n_cone = len(walk.code)
+        walk.run(outputs)
+    except TraceError:
+        raise
     except (AttributeError, TypeError):
         raise TraceError("the graph holds an operand that is not a Value") from None
 
-    constants = {}
-    undeclared = []
-    computed = []
-    for v in order:
-        prev = getattr(v, '_prev', None)
-        if type(prev) is not tuple or not isinstance(v, Value):
-            raise TraceError(f"the graph holds a {type(v).__name__} with operands "
-                             f"{type(prev).__name__}: nodes must be Values "
-                             "whose operands are a tuple of Values")
-        if prev:
-            computed.append(v)
-        elif v not in slot:
-            if v._op:
-                raise TraceError(f"a leaf Value has op {v._op!r}; leaves have none")
-            constants[len(slot)] = _real(v.data, "a constant leaf's data")
-            slot[v] = len(slot)
-            if type(v) is not Constant and id(v) not in declared:
-                undeclared.append(v)
-
-    # the hot loop (hundreds of thousands of ops): one dict lookup per op for its arity
-    arity = {name: (info.arity, info.has_k) for name, info in SCALAR_OPS.items()}
-    ops = []
-    append = ops.append
-    n_cone = sum(1 for v in cone if v._prev)
-    n = len(slot)
-    try:
-        for v in computed:
-            name, prev = v._op, v._prev
-            expected, has_k = arity.get(name, (None, False)) if type(name) is str else (None, False)
-            if len(prev) != expected:
-                if expected is None:
-                    raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(SCALAR_OPS)}")
-                raise TraceError(f"op {name!r} has {len(prev)} operands, expected {expected}")
-            if len(prev) == 2:
-                args = (slot[prev[0]], slot[prev[1]])
-            elif len(prev) == 1:
-                args = (slot[prev[0]],)
-            else:
-                args = tuple([slot[c] for c in prev])
-            slot[v] = n
-            append(Op(name, n, args, _real(v._arg, "the exponent of '**'") if has_k else None))
-            n += 1
-    except KeyError:
-        raise TraceError(f"the graph has a cycle through a {name!r} op") from None
-
-    program = Program(n_slots=len(slot), n_inputs=len(inputs), n_params=len(params),
-                      constants=constants, ops=ops, n_grad_ops=n_cone, loss=slot[loss],
-                      outputs=tuple(slot[v] for v in outputs), input_grads=bool(input_grads))
+    n_leaves = n_declared + len(walk.constants)
+    fix = _slot_fixer(n_leaves)
+    arrays = walk.arrays(fix)
+    constants = {n_declared + j: value for j, value in enumerate(walk.constants)}
+    undeclared = [v for v in walk.constant_values if type(v) is not Constant and id(v) not in declared]
+    n_ops = len(walk.code)
+    program = Program(n_slots=n_leaves + n_ops, n_inputs=len(inputs), n_params=len(params),
+                      constants=constants, arrays=arrays, n_grad_ops=n_cone, loss=fix(slot[loss]),
+                      outputs=tuple(fix(slot[v]) for v in outputs), input_grads=bool(input_grads))
     if prefix is not None:
-        if n_cone != len(ops):
+        if n_cone != n_ops:
             raise TraceError("outputs of a sequence (a list of losses) must be values its losses use: "
                              "each position's ops run only with that position")
-        program.prefix_sums = tuple(slot[v] for v in prefix)
+        program.prefix_sums = tuple(fix(slot[v]) for v in prefix)
         # the depth-first order makes each position's ops follow the earlier
         # ones', all in the cone of its partial sum: checked all the same
         assert prefixes_hold(program), 'a sequence traced out of position order'
 
     program.graph_hash = graph_hash(program)
-    program.labels = {s: v.label for v, s in slot.items() if v.label and type(v.label) is str}
+    program.labels = {fix(s): v.label for v, s in slot.items() if v.label and type(v.label) is str}
+    if want_slots:
+        slot = {v: fix(s) for v, s in slot.items()}
     return program, slot, undeclared
+
+
+_PENDING = 1 << 62      # a Value on the walk's stack: reading it as an operand means a cycle
+_NO_OPERAND = -(1 << 62)
+
+
+def _slot_fixer(n_leaves):
+    """The final slot of a walk's provisional number: a leaf is ``-1 - slot``,
+    the ``i``-th computed Value ``i`` (its slot: ``n_leaves + i``)."""
+    def fix(s):
+        return -1 - s if s < 0 else n_leaves + s
+    return fix
+
+
+class _Walk:
+    """One depth-first walk over the ``Value`` graph in the interpreter's
+    order (``micrograd.engine.topological_order``: children in ``_prev``
+    order, post-order), appending each computed Value's op to flat lists as
+    it finishes: no ``Op`` object, tuple or generator per op.
+
+    ``slot`` maps each Value seen to a provisional number (see
+    ``_slot_fixer``): leaves are numbered as they are met (inputs and
+    parameters beforehand), computed Values in finishing order; the slots of
+    computed Values are known only when the number of constants is."""
+
+    def __init__(self, slot, n_leaves):
+        self.slot = slot
+        self.n_leaves = n_leaves
+        self.code, self.a, self.b = [], [], []
+        self.k = {}
+        self.constants, self.constant_values = [], []
+
+    def run(self, roots):
+        slot, codes, arity = self.slot, OP_CODES, _ARITY
+        code, a, b = self.code, self.a, self.b
+        code_append, a_append, b_append = code.append, a.append, b.append
+        for root in roots:
+            if root in slot:
+                continue
+            slot[root] = _PENDING
+            stack = [root]
+            push, pop = stack.append, stack.pop
+            while stack:
+                v = stack[-1]
+                prev = v._prev
+                for c in prev:
+                    if c not in slot:
+                        slot[c] = _PENDING
+                        push(c)
+                        break
+                else:
+                    pop()
+                    if type(prev) is not tuple or not isinstance(v, Value):
+                        raise TraceError(f"the graph holds a {type(v).__name__} with operands "
+                                         f"{type(prev).__name__}: nodes must be Values "
+                                         "whose operands are a tuple of Values")
+                    if not prev:
+                        self._leaf(v)
+                        continue
+                    name = v._op
+                    op = codes.get(name) if type(name) is str else None
+                    if op is None or arity[op] != len(prev):
+                        _bad_op(name, prev)
+                    x = slot[prev[0]]
+                    if len(prev) == 2:
+                        y = slot[prev[1]]
+                        if x == _PENDING or y == _PENDING:
+                            raise TraceError(f"the graph has a cycle through a {name!r} op")
+                        b_append(y)
+                    else:
+                        if x == _PENDING:
+                            raise TraceError(f"the graph has a cycle through a {name!r} op")
+                        b_append(_NO_OPERAND)
+                        if op == POW:
+                            self.k[len(code)] = _real(v._arg, "the exponent of '**'")
+                    slot[v] = len(code)
+                    code_append(op)
+                    a_append(x)
+
+    def _leaf(self, v):
+        if v._op:
+            raise TraceError(f"a leaf Value has op {v._op!r}; leaves have none")
+        self.constants.append(_real(v.data, "a constant leaf's data"))
+        self.constant_values.append(v)
+        self.slot[v] = -1 - (self.n_leaves + len(self.constants) - 1)
+
+    def arrays(self, fix):
+        """The ops as ``ScalarArrays`` over final slots."""
+        n_leaves = self.n_leaves + len(self.constants)
+        n = len(self.code)
+        a = np.array(self.a, dtype=np.int64)
+        b = np.array(self.b, dtype=np.int64)
+        a = np.where(a < 0, -1 - a, a + n_leaves)
+        b = np.where(b == _NO_OPERAND, -1, np.where(b < 0, -1 - b, b + n_leaves))
+        return ScalarArrays(code=np.array(self.code, dtype=np.int8),
+                            out=np.arange(n_leaves, n_leaves + n, dtype=np.int64), a=a, b=b, k=self.k)
+
+
+_ARITY = [info.arity for info in SCALAR_OPS.values()]
+
+
+def _bad_op(name, prev):
+    info = SCALAR_OPS.get(name) if type(name) is str else None
+    if info is None:
+        raise TraceError(f"unknown op {name!r}: the compiler knows {', '.join(SCALAR_OPS)}")
+    raise TraceError(f"op {name!r} has {len(prev)} operands, expected {info.arity}")
 
 
 def _sequence_loss(losses):

@@ -23,123 +23,188 @@ either need no gradient or are used by this layer alone, with the rows
 reached in the same order for every column. After rescheduling, ``_same_gradient_order`` checks every slot with
 more than one consumer; if any order changed, the pass gives up and returns
 the program unchanged.
+
+How: every step reads the program's flat arrays (``ir.ScalarArrays``):
+use counts by ``np.bincount``, ``+`` chains by parent pointers (pointer
+jumping to their roots), rows by run detection over the chains' terms,
+layers by grouping rows on their vector operand's bytes. Python loops only
+over folds, rows and layers, and over scalar ops only where lifting moved a
+layer past one of its readers (the schedule below).
 """
 import heapq
-from collections import Counter, defaultdict
-from itertools import chain
+from collections import defaultdict
 
-from compiler.ir import MatVec, Op, Program, Sum, needs_grad, prefixes_hold
+import numpy as np
+
+from compiler.ir import MatVec, Op, OP_CODES, Program, ScalarArrays, Sum, needs_grad, prefixes_hold
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
+
+_PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 
 
 def vectorize(program):
     """``Program -> Program`` with ``Sum`` and ``MatVec`` ops lifted out."""
     if 'vectorize' in program.passes:
         return program
-    cone = program.ops[:program.n_grad_ops]
-    producer = {op.out: i for i, op in enumerate(program.ops)}
-    uses = Counter(chain.from_iterable(op.reads for op in program.ops))
-    uses.update((program.loss, *program.outputs, *program.prefix_sums))   # read from outside
-    flags = needs_grad(program)
-
-    folds = _flatten_sums(cone, producer, uses)
-    rows = {}
-    for root, (terms, members) in list(folds.items()):
-        row = _as_row(terms, cone, producer, uses)
-        if row is None:
-            continue
-        k = row[3]
-        if k < len(terms):
-            # the row is a prefix of the fold (a residual or a bias added
-            # after it): split it off at the '+' that completes it
-            row_root = members[k - 2]
-            folds[row_root] = (terms[:k], members[:k - 1])
-            folds[root] = ([cone[row_root].out] + terms[k:], members[k - 1:])
-            root = row_root
-        rows[root] = row[:3]
-    layers = _group_layers(rows, program, cone, producer, uses, flags)
+    arrays = program.scalar_arrays
+    if arrays is None:
+        if not all(type(op) is Op for op in program.ops):
+            return program
+        arrays = ScalarArrays.from_ops(program.ops)
+    g = _Graph(program, arrays)
+    folds = _flatten_sums(g)
+    rows = _rows(g, folds)
+    layers = _group_layers(rows, g)
 
     lifted = {}           # op index of a unit's representative -> lifted op (old slots)
-    reads = {}            # the same -> the old slots it reads
-    absorbed = {}         # op index -> representative index
+    reads = {}            # the same -> the old slots it reads (numpy)
+    members_of = {}       # the same -> the op indices it absorbs (numpy)
     for layer in layers:
         # a layer absorbs its rows' '+' chains and their products
-        members = [m for root in layer.roots for m in folds[root][1] + rows[root][2]]
-        rep = max(members)
-        lifted[rep] = layer
-        reads[rep] = layer.reads
-        for m in members:
-            absorbed[m] = rep
+        members = np.concatenate([m for root in layer.roots for m in (folds[root][1], rows[root][3])])
+        rep = int(members.max())
+        lifted[rep], reads[rep], members_of[rep] = layer, layer.reads, members
     in_layer = {root for layer in layers for root in layer.roots}
     for root, (terms, members) in folds.items():
         if root in in_layer or len(terms) < MIN_SUM_TERMS:
             continue
-        lifted[root] = Sum(cone[root].out, list(terms))
-        reads[root] = terms
-        for m in members:
-            absorbed[m] = root
+        lifted[root] = Sum(int(g.out[root]), terms.tolist())
+        reads[root], members_of[root] = terms, members
     if not lifted:
         return program
 
-    schedule = _schedule(cone, producer, reads, absorbed)
-    if not _same_gradient_order(cone, schedule, absorbed, flags, uses):
+    rep_of = np.arange(g.cone)
+    for rep, members in members_of.items():
+        rep_of[members] = rep
+    schedule = _schedule(g, rep_of, reads)
+    if not _same_gradient_order(g, schedule, rep_of):
         return program
-    out = _renumber(program, schedule, lifted, layers)
+    out = _renumber(program, g, schedule, rep_of, lifted, layers)
     if program.prefix_sums and not prefixes_hold(out):
         return program        # a lifted op would mix positions
     return out
 
 
+class _Graph:
+    """The arrays the pass reads: ops (``code``, ``out``, ``a``, ``b``), the
+    producer of each slot (op index, -1 for a leaf), use counts (reads by
+    ops and from outside), and which slots need a gradient."""
+
+    def __init__(self, program, arrays):
+        self.program = program
+        self.arrays = arrays
+        self.code, self.out, self.a, self.b = arrays.code, arrays.out, arrays.a, arrays.b
+        self.n, self.cone = len(self.code), program.n_grad_ops
+        self.producer = np.full(program.n_slots + 1, -1, dtype=np.int64)   # [-1]: b of a unary op
+        self.producer[self.out] = np.arange(self.n)
+        reads = np.concatenate([self.a, self.b[self.b >= 0],
+                                np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)])
+        self.uses = np.bincount(reads, minlength=program.n_slots)
+        self.flags = needs_grad(program)
+        self.needs = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
+        self.leaves = program.n_leaves
+
+    def products(self, slots):
+        """Whether each slot is a product ``a * b`` in the loss's cone used once."""
+        j = self.producer[slots]
+        ok = (j >= 0) & (j < self.cone)
+        ok[ok] &= self.code[j[ok]] == _TIMES
+        return ok & (self.uses[slots] == 1)
+
+
 # -- 1. flatten ------------------------------------------------------------------
 
-def _flatten_sums(cone, producer, uses):
-    """``{root op index: (terms, member op indices)}`` for every maximal fold."""
+def _flatten_sums(g):
+    """``{root op index: (terms, member op indices)}`` (numpy arrays, members
+    from the chain's first '+' up) for every maximal fold of three or more
+    terms, and every two-term fold of two products (a row's shortest form)."""
+    plus = np.zeros(g.n + 1, dtype=bool)           # [-1] stays False: "no producer"
+    plus[:g.cone] = g.code[:g.cone] == _PLUS
+    P = np.flatnonzero(plus[:g.n])
+    if not len(P):
+        return {}
+    a, b = g.a[P], g.b[P]
+    pa, pb = g.producer[a], g.producer[b]
+    via_a = plus[pa] & (g.uses[a] == 1)
+    via_b = ~via_a & plus[pb] & (g.uses[b] == 1)
+    child = np.where(via_a, pa, np.where(via_b, pb, -1))      # the fold this '+' extends
+    other = np.where(via_a, b, a)                               # the term it adds
+    # (chain + other) == (other + chain): the term added is always last
+    at = np.full(g.n, -1, dtype=np.int64)
+    at[P] = np.arange(len(P))
+    up = np.arange(len(P))                      # each '+' -> the one extending it
+    has_child = child >= 0
+    up[at[child[has_child]]] = np.flatnonzero(has_child)
+    root = up.copy()                            # pointer jumping to the top of each chain
+    while True:
+        nxt = up[root]
+        if np.array_equal(nxt, root):
+            break
+        root = nxt
+        up = up[up]
+    order = np.lexsort((P, root))               # chain by chain, first '+' first
+    roots_sorted = root[order]
+    starts = np.flatnonzero(np.r_[True, roots_sorted[1:] != roots_sorted[:-1]])
+    sizes = np.diff(np.r_[starts, len(order)])
+    bottom = ~has_child[order]
+    n_terms = np.where(bottom, 2, 1)
+    offset = np.cumsum(n_terms) - n_terms
+    terms = np.empty(int(n_terms.sum()), dtype=np.int64)
+    terms[offset] = np.where(bottom, a[order], other[order])
+    terms[offset[bottom] + 1] = b[order][bottom]
+    t_start = offset[starts]
+    t_end = np.r_[t_start[1:], len(terms)]
+    products = g.products(terms)
+    wanted = (sizes >= MIN_SUM_TERMS - 1) | products[t_start] & products[t_start + 1]
+    members = P[order]
     folds = {}
-    for i, op in enumerate(cone):
-        if op.name != '+':
-            continue
-        a, b = op.args
-        child = None
-        for chained, other in ((a, b), (b, a)):
-            j = producer.get(chained)
-            if j in folds and uses[chained] == 1:
-                child = j
-                break
-        if child is None:
-            folds[i] = ([a, b], [i])
-        else:
-            terms, members = folds.pop(child)   # single use: taken over, not copied
-            terms.append(other)                 # (chain + other) == (other + chain)
-            members.append(i)
-            folds[i] = (terms, members)
+    for k in np.flatnonzero(wanted).tolist():
+        s, n = int(starts[k]), int(sizes[k])
+        folds[int(members[s + n - 1])] = (terms[t_start[k]:t_end[k]], members[s:s + n])
     return folds
 
 
 # -- 2. rows ---------------------------------------------------------------------
 
-def _as_row(terms, cone, producer, uses):
-    """``(head slot or None, [(a, b) of each product], product op indices, k)``
-    for the longest first ``k`` terms of a fold that are an optional head and
-    then products (at least two), or None."""
-    def product(t):
-        j = producer.get(t)
-        if j is not None and j < len(cone) and cone[j].name == '*' and uses[t] == 1:
-            return j
-        return None
-    if len(terms) >= 2 and product(terms[0]) is not None and product(terms[1]) is None:
-        terms = [terms[1], terms[0]] + terms[2:]    # the first '+' is commutative
-    head = None if product(terms[0]) is not None else terms[0]
-    indices = []
-    for t in terms[1:] if head is not None else terms:
-        j = product(t)
-        if j is None:
-            break
-        indices.append(j)
-    if len(indices) < MIN_ROW_PRODUCTS:
-        return None
-    return head, [cone[j].args for j in indices], indices, len(indices) + (head is not None)
+def _rows(g, folds):
+    """``{root: (head slot or None, a slots, b slots, product op indices)}``:
+    the folds whose first ``k`` terms are an optional head and then at least
+    two products ``a * b`` (each used once); a longer fold is split at the
+    '+' that completes the row (a residual or a bias added after it)."""
+    if not folds:
+        return {}
+    roots = list(folds)
+    lengths = np.array([len(folds[r][0]) for r in roots])
+    starts = np.cumsum(lengths) - lengths
+    flat = np.concatenate([folds[r][0] for r in roots])
+    is_product = g.products(flat)
+    # the first '+' is commutative: a product first and a head second swap
+    swap = is_product[starts] & ~is_product[starts + 1]
+    row_terms = flat.copy()
+    row_terms[starts[swap]], row_terms[starts[swap] + 1] = flat[starts[swap] + 1], flat[starts[swap]]
+    row_product = is_product.copy()
+    row_product[starts[swap]], row_product[starts[swap] + 1] = False, True
+    head = ~row_product[starts]
+    position = np.arange(len(flat))
+    stop = np.where(row_product, len(flat), position)
+    stop[starts[head]] = len(flat)                # the head does not end the products
+    first_other = np.minimum(np.minimum.reduceat(stop, starts), starts + lengths)
+    n_products = first_other - starts - head
+    rows = {}
+    for i in np.flatnonzero(n_products >= MIN_ROW_PRODUCTS).tolist():
+        root = roots[i]
+        terms, members = folds[root]
+        s, h, k = int(starts[i]), int(head[i]), int(n_products[i] + head[i])
+        if k < len(terms):
+            row_root = int(members[k - 2])
+            folds[row_root] = (terms[:k], members[:k - 1])
+            folds[root] = (np.r_[g.out[row_root], terms[k:]], members[k - 1:])
+            root = row_root
+        j = g.producer[row_terms[s + h:s + k]]
+        rows[root] = (int(row_terms[s]) if h else None, g.a[j], g.b[j], j)
+    return rows
 
 
 # -- 3. layers -------------------------------------------------------------------
@@ -152,49 +217,65 @@ class _Layer:
     def __init__(self, roots, vector, weights, heads, y_slots, bwd_rows, grad_x, leaves):
         self.roots, self.vector, self.weights, self.heads = roots, vector, weights, heads
         self.y_slots, self.bwd_rows, self.grad_x = y_slots, bwd_rows, grad_x
-        self.x_slots = list(vector) if vector[0] >= leaves else None   # computed: to renumber
-        self.reads = [s for row in weights for s in row] + list(vector) + [h for h in heads if h is not None]
+        self.x_slots = vector if vector[0] >= leaves else None   # computed: to renumber
+        self.reads = np.concatenate([weights.ravel(), vector,
+                                     np.array([h for h in heads if h is not None], dtype=np.int64)])
 
     def columns(self):
         """The weight slots column by column: the order of the renumbered block."""
-        return [row[c] for c in range(len(self.vector)) for row in self.weights]
+        return self.weights.T.ravel()
 
     def matvec(self, new):
-        R, C = len(self.weights), len(self.vector)
-        wt0 = new[self.weights[0][0]]
-        assert all(new[s] == wt0 + k for k, s in enumerate(self.columns())), "W is not one block"
-        heads = None if self.heads[0] is None else [new[h] for h in self.heads]
-        return MatVec(y0=new[self.y_slots[0]], rows=R, cols=C, wt0=wt0, x0=new[self.vector[0]],
+        R, C = self.weights.shape
+        cols = new[self.columns()]
+        wt0 = int(cols[0])
+        assert np.array_equal(cols, np.arange(wt0, wt0 + R * C)), "W is not one block"
+        heads = None if self.heads[0] is None else new[np.array(self.heads)].tolist()
+        return MatVec(y0=int(new[self.y_slots[0]]), rows=R, cols=C, wt0=wt0, x0=int(new[self.vector[0]]),
                       heads=heads, bwd_rows=self.bwd_rows, grad_x=self.grad_x)
 
 
-def _group_layers(rows, program, cone, producer, uses, flags):
+def _group_layers(rows, g):
     """Group rows sharing their vector operand into ``MatVec`` layers."""
-    def is_param_row(slots):
-        # any parameters: the renumbering lays them out as W's columns
-        return all(program.param_start <= s < program.param_end for s in slots)
+    if not rows:
+        return []
+    program = g.program
+    roots = list(rows)
+    lengths = np.array([len(rows[r][1]) for r in roots])
+    starts = np.cumsum(lengths) - lengths
+    left = np.concatenate([rows[r][1] for r in roots])
+    right = np.concatenate([rows[r][2] for r in roots])
 
-    candidates = defaultdict(list)   # vector slots -> [(root, weight slots)]
-    for root, (head, pairs, _) in rows.items():
-        left = tuple(a for a, _ in pairs)
-        right = tuple(b for _, b in pairs)
-        options = [(right, left)] if is_param_row(left) else []
-        if is_param_row(right):
-            options.append((left, right))
+    def param_rows(slots):
+        # any parameters: the renumbering lays them out as W's columns
+        ok = (slots >= program.param_start) & (slots < program.param_end)
+        return np.logical_and.reduceat(ok, starts)
+    left_params, right_params = param_rows(left), param_rows(right)
+    candidates = defaultdict(list)   # vector bytes -> [(root, weight slots)]
+    vectors = {}
+    for i, root in enumerate(roots):
+        options = []
+        s, e = starts[i], starts[i] + lengths[i]
+        if left_params[i]:
+            options.append((right[s:e], left[s:e]))
+        if right_params[i]:
+            options.append((left[s:e], right[s:e]))
         for vector, weights in options:
-            candidates[vector].append((root, weights))
+            key = vector.tobytes()
+            vectors[key] = vector
+            candidates[key].append((root, weights))
 
     layers, taken, blocks = [], set(), {}
-    for vector, members in sorted(candidates.items(), key=lambda kv: -len(kv[1])):
+    for key, members in sorted(candidates.items(), key=lambda kv: -len(kv[1])):
         members = [(root, w) for root, w in members if root not in taken]
         if not members:
             continue
-        layer = _make_layer(vector, members, rows, cone, producer, uses, flags, program)
+        layer = _make_layer(vectors[key], members, rows, g)
         if layer is None or not _claim_blocks(blocks, layer):
             continue
         taken.update(layer.roots)
         layers.append(layer)
-    return _consistent_weights(layers, uses)
+    return _consistent_weights(layers, g.uses)
 
 
 def _consistent_weights(layers, uses):
@@ -202,176 +283,260 @@ def _consistent_weights(layers, uses):
     matrix the same wherever it is used (a matrix applied at several
     positions): its uses then share one block of parameters, laid out once.
     Layers that break this are dropped until none does."""
-    while True:
-        count = Counter(s for layer in layers for row in layer.weights for s in row)
-        matrix = {}
-        bad = set()
-        for i, layer in enumerate(layers):
-            key = tuple(map(tuple, layer.weights))
-            for row in layer.weights:
-                for s in row:
-                    if count[s] != uses[s] or matrix.setdefault(s, key) != key:
-                        bad.add(i)
-        if not bad:
+    while layers:
+        slots = np.concatenate([layer.weights.ravel() for layer in layers])
+        which = np.repeat(np.arange(len(layers)), [layer.weights.size for layer in layers])
+        keys = {}
+        matrix = np.repeat([keys.setdefault(layer.weights.tobytes() + str(layer.weights.shape).encode(), len(keys))
+                            for layer in layers], [layer.weights.size for layer in layers])
+        count = np.bincount(slots, minlength=len(uses))
+        bad = count[slots] != uses[slots]
+        # a slot's matrix is the first layer's using it; a later one with another is bad
+        order = np.lexsort((which, slots))
+        first = np.r_[True, slots[order][1:] != slots[order][:-1]]
+        group = np.cumsum(first) - 1
+        bad[order] |= matrix[order] != matrix[order][first][group]
+        bad_layers = set(which[bad].tolist())
+        if not bad_layers:
             return layers
-        layers = [layer for i, layer in enumerate(layers) if i not in bad]
+        layers = [layer for i, layer in enumerate(layers) if i not in bad_layers]
+    return layers
 
 
-def _make_layer(vector, members, rows, cone, producer, uses, flags, program):
+def _make_layer(vector, members, rows, g):
     members.sort(key=lambda m: m[1][0])        # rows in the weights' order
     R, C = len(members), len(vector)
-    if len(set(vector)) != C:
+    if _repeats(vector):
         return None
-    weights = [s for _, w in members for s in w]
-    if len(set(weights)) != len(weights):      # each weight in one row, once (it may be
-        return None                            # shared with other layers: _consistent_weights)
+    weights = np.stack([w for _, w in members])
+    if _repeats(weights.ravel()):   # each weight in one row, once (it may be
+        return None                               # shared with other layers: _consistent_weights)
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
         return None
-    operands = set(vector).union(weights)
+    operands = set(vector.tolist()).union(weights.ravel().tolist())
     for h in heads:
-        if h is not None and (flags[h] and uses[h] != 1 or h in operands):
+        if h is not None and (g.flags[h] and g.uses[h] != 1 or h in operands):
             return None
-    x_needs_grad = any(flags[s] for s in vector)
-    if x_needs_grad and any(uses[s] != R for s in vector):
+    x_needs_grad = bool(g.needs[vector].any())
+    if x_needs_grad and np.any(g.uses[vector] != R):
         return None       # x feeds something else: its gradient order could change
     # the order in which backward reaches the rows: latest product first, and
     # the same order for every column
-    position = [rows[root][2] for root, _ in members]
+    position = np.stack([rows[root][3] for root, _ in members])
     bwd_rows = sorted(range(R), key=lambda r: -position[r][0])
-    if x_needs_grad:
-        for c in range(C):
-            if any(position[bwd_rows[k]][c] < position[bwd_rows[k + 1]][c] for k in range(R - 1)):
-                return None
-    leaves = program.n_leaves
-    if not (all(s < leaves for s in vector) and all(s == vector[0] + c for c, s in enumerate(vector))
-            or all(s >= leaves for s in vector)):
+    if x_needs_grad and not np.all(position[bwd_rows][:-1] >= position[bwd_rows][1:]):
+        return None
+    leaves = g.leaves
+    if not (vector.max() < leaves and np.array_equal(vector, np.arange(vector[0], vector[0] + C))
+            or vector.min() >= leaves):
         return None       # x must be contiguous leaves, or computed slots we can renumber
     roots = [root for root, _ in members]
-    y_slots = [cone[root].out for root in roots]
-    return _Layer(roots, vector, [w for _, w in members], heads, y_slots, bwd_rows,
-                  x_needs_grad, leaves)
+    y_slots = g.out[roots]
+    return _Layer(roots, vector, weights, heads, y_slots, bwd_rows, x_needs_grad, leaves)
+
+
+def _repeats(slots):
+    s = np.sort(slots)
+    return bool(np.any(s[1:] == s[:-1]))
 
 
 def _claim_blocks(blocks, layer):
     """Reserve contiguous blocks for ``y`` (and computed ``x``); False on a conflict."""
-    wanted = [layer.y_slots] + ([layer.x_slots] if layer.x_slots else [])
+    wanted = [layer.y_slots.tolist()] + ([layer.x_slots.tolist()] if layer.x_slots is not None else [])
     for block in wanted:
         key = tuple(block)
         for s in block:
             if s in blocks and blocks[s] != key:
                 return False
     for block in wanted:
+        key = tuple(block)
         for s in block:
-            blocks[s] = tuple(block)
+            blocks[s] = key
     return True
 
 
 # -- 4. schedule and check ---------------------------------------------------------
 
-def _schedule(cone, producer, reads, absorbed):
-    """Units (op indices of scalar ops and lifted reps) in a topological order
-    that stays as close to the original as dependencies allow."""
-    units = [i for i in range(len(cone)) if i not in absorbed or i in reads]
-    unit_of = {}
-    for i in range(len(cone)):
-        unit_of[i] = absorbed.get(i, i)
-    deps = {}
-    for u in units:
-        slots = reads[u] if u in reads else cone[u].args
-        deps[u] = {unit_of[producer[a]] for a in slots if a in producer} - {u}
-    waiting = {u: len(d) for u, d in deps.items()}
-    users = defaultdict(list)
-    for u, d in deps.items():
-        for p in d:
-            users[p].append(u)
-    ready = [u for u, n in waiting.items() if n == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        u = heapq.heappop(ready)
+def _schedule(g, rep_of, reads):
+    """Units (op indices of the cone's scalar ops and lifted reps) in a
+    topological order that stays as close to the original as dependencies
+    allow: the ready unit of the lowest index first (Kahn's algorithm with a
+    min-heap). Where no unit reads one that comes after it, that is the
+    original order; else units are scanned in order and those that must
+    wait for a later unit join a heap when it has run."""
+    cone = g.cone
+    is_unit = rep_of == np.arange(cone)
+    scalar = np.flatnonzero(is_unit)
+    scalar = scalar[~np.isin(scalar, list(reads))]
+
+    def dep_units(slots):
+        j = g.producer[slots]
+        return rep_of[j[j >= 0]]
+    late = set()
+    late.update(scalar[_latest_read(g, rep_of, scalar) > scalar].tolist())
+    for u, slots in reads.items():
+        if len(slots) and dep_units(slots).max(initial=-1) > u:
+            late.add(u)
+    units = np.flatnonzero(is_unit)
+    if not late:
+        return units
+    # the general case: units in order, waiting where they must
+    done = bytearray(cone)
+    waiting, users, heap, order = {}, defaultdict(list), [], []
+    a, b = g.a[:cone].tolist(), g.b[:cone].tolist()
+    producer, rep = g.producer.tolist(), rep_of.tolist()
+
+    def emit(u):
         order.append(u)
-        for v in users[u]:
+        done[u] = 1
+        for v in users.pop(u, ()):
             waiting[v] -= 1
-            if waiting[v] == 0:
-                heapq.heappush(ready, v)
+            if not waiting[v]:
+                del waiting[v]
+                heapq.heappush(heap, v)
+    for u in units.tolist():
+        while heap and heap[0] < u:
+            emit(heapq.heappop(heap))
+        if u in reads:
+            deps = set(dep_units(reads[u]).tolist()) - {u}
+        else:
+            deps = {rep[producer[a[u]]]} if producer[a[u]] >= 0 else set()
+            if b[u] >= 0 and producer[b[u]] >= 0:
+                deps.add(rep[producer[b[u]]])
+        deps = [d for d in deps if not done[d]]
+        if not deps:
+            emit(u)
+            continue
+        waiting[u] = len(deps)
+        for d in deps:
+            users[d].append(u)
+    while heap:
+        emit(heapq.heappop(heap))
     assert len(order) == len(units), "the lifted program has a cycle"
-    return order
+    return np.array(order, dtype=np.int64)
 
 
-def _same_gradient_order(cone, schedule, absorbed, flags, uses):
+def _latest_read(g, rep_of, ops):
+    """The latest unit each of ``ops`` (scalar op indices) reads from (-1: leaves only)."""
+    unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
+    return np.maximum(unit[g.producer[g.a[ops]]], unit[g.producer[g.b[ops]]])
+
+
+def _same_gradient_order(g, schedule, rep_of):
     """Every slot with several consumers gets its gradient contributions in
     the original order (a lifted unit counts as one consumer)."""
-    shared = {a for a, n in uses.items() if n > 1 and flags[a]}
-    new_pos = {u: k for k, u in enumerate(schedule)}
-    last = {}
-    for i, op in enumerate(cone):
-        for a in op.args:
-            if a in shared:
-                unit = new_pos[absorbed.get(i, i)]
-                prev = last.get(a)
-                if prev is not None and unit < prev:
-                    return False
-                last[a] = unit
-    return True
+    cone = g.cone
+    position = np.empty(cone, dtype=np.int64)
+    position[schedule] = np.arange(len(schedule))
+    new_pos = position[rep_of]
+    ops = np.arange(cone)
+    slots = np.concatenate([g.a[:cone], g.b[:cone]])
+    reader = np.concatenate([ops, ops])
+    keep = slots >= 0
+    keep[keep] = (g.uses[slots[keep]] > 1) & g.needs[slots[keep]]
+    if np.array_equal(schedule, np.flatnonzero(rep_of == ops)):
+        # units in their own order: only a read by an absorbed op can move
+        # after a later one (to its unit), so only slots such reads reach matter
+        moved = rep_of != ops
+        reached = np.zeros(g.program.n_slots + 1, dtype=bool)
+        reached[g.a[:cone][moved]] = True
+        reached[g.b[:cone][moved]] = True
+        keep &= reached[slots]
+    slots, reader = slots[keep], reader[keep]
+    order = np.argsort(slots * cone + reader)   # each slot's readers in the original order
+    slots, pos = slots[order], new_pos[reader[order]]
+    same = slots[1:] == slots[:-1]
+    return not np.any(same & (pos[1:] < pos[:-1]))
 
 
 # -- 5. renumber -------------------------------------------------------------------
 
-def _renumber(program, schedule, lifted, layers):
+def _renumber(program, g, schedule, rep_of, lifted, layers):
     """The lifted program over new slots: each layer's ``x`` and ``y`` become
     contiguous, and the parameters are permuted so that each layer's ``W`` is
     one block, column by column, followed by its heads where they are
     parameters of their own. Inputs and constants keep their slots."""
     leaves = program.n_leaves
-    new = [None] * program.n_slots
-    new[:program.n_inputs] = range(program.n_inputs)
-    new[program.param_end:leaves] = range(program.param_end, leaves)
-    nxt = program.param_start
+    new = np.full(program.n_slots, -1, dtype=np.int64)
+    new[:program.n_inputs] = np.arange(program.n_inputs)
+    new[program.param_end:leaves] = np.arange(program.param_end, leaves)
+    # parameters: each layer's W (column by column, then its heads where they
+    # are parameters of their own) where its least weight was, every other
+    # parameter in its own order
+    starts = {int(layer.weights.min()): layer for layer in layers}
+    placed = np.zeros(program.n_slots, dtype=bool)
+    blocks = []
+    for s in sorted(starts):
+        layer = starts[s]
+        block = layer.columns()
+        block = block[~placed[block]]
+        placed[block] = True
+        heads = layer.heads
+        if heads[0] is not None and len(set(heads)) == len(heads) and all(
+                s < h < program.param_end for h in heads):
+            hs = np.array(heads, dtype=np.int64)
+            if not placed[hs].any():         # (a head below s was placed in its own turn)
+                placed[hs] = True
+                block = np.r_[block, hs]
+        blocks.append(block)
+    params = np.arange(program.param_start, program.param_end)
+    free = params[~placed[params]]
+    # the free parameters below the first block, the first block, those below the second...
+    runs = np.split(free, np.searchsorted(free, sorted(starts)))
+    perm = np.concatenate([x for pair in zip(runs, blocks + [free[:0]]) for x in pair])
+    assert len(perm) == program.n_params
+    new[perm] = np.arange(program.param_start, program.param_end)
 
-    def place(block):
-        nonlocal nxt
-        for s in block:
-            if new[s] is None:
-                new[s] = nxt
-                nxt += 1
-    starts = {min(s for row in layer.weights for s in row): layer for layer in layers}
-    for s in range(program.param_start, program.param_end):
-        layer = starts.get(s)
-        if layer is not None:
-            place(layer.columns())
-            heads = layer.heads
-            if heads[0] is not None and len(set(heads)) == len(heads) and all(
-                    program.param_start <= h < program.param_end and new[h] is None for h in heads):
-                place(heads)
-        place([s])
-    assert nxt == program.param_end
-
-    nxt = leaves
+    # computed slots: layers' x and y blocks first, then each unit's writes in order
+    # (each op writes its own slot: the only repeats are blocks met twice)
+    at = leaves
     for layer in layers:
-        place(layer.x_slots or ())
-        place(layer.y_slots)
-    cone = program.ops[:program.n_grad_ops]
-    units = [lifted[u] if u in lifted else cone[u] for u in schedule]
-    tail = program.ops[program.n_grad_ops:]
-    for op in units + tail:
-        if not isinstance(op, _Layer):      # a layer's y is placed above
-            place(op.writes)
+        for block in ([layer.x_slots] if layer.x_slots is not None else []) + [layer.y_slots]:
+            block = block[new[block] < 0]
+            new[block] = np.arange(at, at + len(block))
+            at += len(block)
+    reps = np.array(sorted(lifted), dtype=np.int64)
+    is_lifted = np.isin(schedule, reps)
+    layer_reps = np.array([u for u, op in lifted.items() if isinstance(op, _Layer)], dtype=np.int64)
+    writes = np.r_[g.out[schedule[~np.isin(schedule, layer_reps)]], g.out[g.cone:]]
+    writes = writes[new[writes] < 0]
+    new[writes] = np.arange(at, at + len(writes))
+    n_slots = at + len(writes)
 
-    ops = []
-    for op in units + tail:
-        if isinstance(op, Op):
-            ops.append(Op(op.name, new[op.out], tuple(new[a] for a in op.args), op.k))
-        elif isinstance(op, Sum):
-            ops.append(Sum(new[op.out], [new[t] for t in op.terms]))
+    # the ops: scalar ones as arrays, lifted ones beside them
+    scalar_ops = np.r_[schedule[~is_lifted], np.arange(g.cone, g.n)]
+    arrays = g.arrays
+    b = arrays.b[scalar_ops]
+    k_new = {}
+    if arrays.k:
+        where = np.full(g.n, -1, dtype=np.int64)
+        where[scalar_ops] = np.arange(len(scalar_ops))
+        k_new = {int(where[i]): v for i, v in arrays.k.items() if where[i] >= 0}
+    scalar = ScalarArrays(code=arrays.code[scalar_ops], out=new[arrays.out[scalar_ops]],
+                          a=new[arrays.a[scalar_ops]], b=np.where(b >= 0, new[b], -1), k=k_new)
+    lifted_ops = []
+    for i in np.flatnonzero(is_lifted).tolist():
+        op = lifted[int(schedule[i])]
+        if isinstance(op, Sum):
+            op = Sum(int(new[op.out]), new[np.array(op.terms)].tolist())
         else:
-            ops.append(op.matvec(new))
-    param_slots = tuple(new[s] for s in program.param_slots)
-    return Program(n_slots=nxt, n_inputs=program.n_inputs, n_params=program.n_params,
-                   constants=program.constants, ops=ops, n_grad_ops=len(units),
-                   loss=new[program.loss], outputs=tuple(new[s] for s in program.outputs),
-                   passes=program.passes + ('vectorize',), slot_map=new, param_order=param_slots,
+            op = op.matvec(new)
+        lifted_ops.append((i, op))
+    # a lifted op needs a gradient where its ops did: the flags carry over
+    kept = new >= 0
+    flags = np.zeros(n_slots, dtype=np.uint8)
+    flags[new[kept]] = g.needs[:program.n_slots][kept]
+    slot_map = [None if s < 0 else s for s in new.tolist()]
+    param_slots = tuple(new[np.array(program.param_slots, dtype=np.int64)].tolist()) if program.n_params else ()
+    out = Program(n_slots=n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+                   constants=program.constants, arrays=scalar, lifted=tuple(lifted_ops),
+                   n_grad_ops=len(schedule), loss=int(new[program.loss]),
+                   outputs=tuple(new[np.array(program.outputs, dtype=np.int64)].tolist()),
+                   passes=program.passes + ('vectorize',), slot_map=slot_map, param_order=param_slots,
                    graph_hash=program.graph_hash, input_grads=program.input_grads,
-                   labels={new[s]: label for s, label in (program.labels or {}).items()
-                           if new[s] is not None},
-                   prefix_sums=tuple(new[s] for s in program.prefix_sums))
+                   labels={slot_map[s]: label for s, label in (program.labels or {}).items()
+                           if slot_map[s] is not None},
+                   prefix_sums=tuple(new[np.array(program.prefix_sums, dtype=np.int64)].tolist()))
+    out.known_needs_grad = flags.tobytes()
+    return out

@@ -57,7 +57,7 @@ ALLOWED = {
     'compiler.weights': {'compiler.files'},
     'compiler.export': {'compiler.build', 'compiler.codegen', 'compiler.files', 'compiler.load'},
     'compiler.model': {'compiler.ir', 'compiler.weights', 'compiler.export', 'compiler.summary',
-                       'compiler.build.process'},
+                       'compiler.build.process', 'compiler.constants'},
 }
 # the build package's face (compiler/build/__init__.py) re-exports its own modules
 ALLOWED['compiler.build'] = {k for k in ALLOWED if k.startswith('compiler.build.')}

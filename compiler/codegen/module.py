@@ -23,7 +23,8 @@ the order of ``_MODULE``:
 import hashlib
 import re
 
-from compiler.codegen import _Program, optimizer as optimizer_c
+from compiler.codegen import optimizer as optimizer_c
+from compiler.codegen.program import _Program
 from compiler.codegen.scalar import c_double
 from compiler.constants import C_DEFINES, KERNELS
 from compiler.ir import features

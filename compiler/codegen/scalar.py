@@ -24,6 +24,8 @@ Adding an op:
 import math
 from typing import NamedTuple
 
+from compiler.ir import Op
+
 
 def c_double(x):
     """An exact C literal for the double ``x``: no rounding in any compiler's parser.
@@ -52,9 +54,24 @@ class CScalar(NamedTuple):
     comment: bool = False   # the forward expression does not name the op: say it in a comment
 
 
+class Exponent(NamedTuple):
+    """The exponent of ``**`` read at run time (the op table, compiler/codegen/table.py):
+    C expressions of ``k`` and of ``k - 1.0`` (computed in Python: the same double)."""
+    k: str
+    k_minus_1: str
+
+
+def _k(k):
+    return k.k if type(k) is Exponent else c_double(k)
+
+
+def _k_minus_1(k):
+    return k.k_minus_1 if type(k) is Exponent else c_double(k - 1.0)
+
+
 def _pow_grad(a, b, o, g, k):
     # d(x^k)/dx = k x^(k-1)
-    return f'({c_double(k)} * pow({a}, {c_double(k - 1.0)})) * {g}'
+    return f'({_k(k)} * pow({a}, {_k_minus_1(k)})) * {g}'
 
 
 SCALAR_C = {
@@ -70,7 +87,7 @@ SCALAR_C = {
                  ((0, lambda a, b, o, g, k: f'{g} / {b}', None),
                   (1, lambda a, b, o, g, k: f'-({g} * {o}) / {b}', None))),
     'neg': CScalar(lambda a, b, k: f'-{a}', ((0, lambda a, b, o, g, k: f'-{g}', None),), comment=True),
-    '**': CScalar(lambda a, b, k: f'pow({a}, {c_double(k)})', ((0, _pow_grad, None),)),
+    '**': CScalar(lambda a, b, k: f'pow({a}, {_k(k)})', ((0, _pow_grad, None),)),
     # the derivative at 0 is taken as 0: the interpreter adds (o > 0) * g
     'relu': CScalar(lambda a, b, k: f'{a} < 0.0 ? 0.0 : {a}',
                     ((0, lambda a, b, o, g, k: f'({o} > 0.0) * {g}', None),), comment=True),
@@ -90,6 +107,29 @@ SCALAR_C = {
 }
 
 
+class _Template(NamedTuple):
+    forward: str     # '{o} = <expression>;' over {o}, {a}, {b}
+    grads: tuple     # ((operand, '<target {t}> += <contribution>;'), ...)
+
+
+def _templates():
+    """Each row of ``SCALAR_C`` without a ``k`` as ``str.format`` templates:
+    the row's own functions called on the placeholders, so the text is the
+    table's. (The C never holds braces, so the placeholders are unambiguous.)"""
+    out = {}
+    for name, row in SCALAR_C.items():
+        if name == '**':
+            continue      # its exponent is a literal of each op's own: rendered by ``forward``
+        forward = '{o} = ' + row.forward('{a}', '{b}', None) + ';' + (f' /* {name} */' if row.comment else '')
+        grads = []
+        for i, contribution, condition in row.grads:
+            expr = contribution('{a}', '{b}', '{o}', '{g}', None)
+            grads.append((i, f'if ({condition("{a}", "{b}")}) {{t}} += {expr};' if condition
+                          else f'{{t}} += {expr};'))
+        out[name] = _Template(forward, tuple(grads))
+    return out
+
+
 class ScalarRenderer:
     """C statements of scalar ops over one row (``v``, ``g``) and the shared
     parameters and constants (``p``, ``gp``); ``layout`` says where each slot
@@ -106,6 +146,58 @@ class ScalarRenderer:
         self.layout = layout
         self.value = layout.value
         self.grad = layout.grad
+        program = layout.program
+        self._params = (program.param_start, program.param_end)
+
+    def forward_lines(self, ops, other):
+        """``forward`` of each op of ``ops`` in order (``other(op)``: the lines
+        of an op that is not an ``Op``, a ``Sum``):
+        each scalar op one ``str.format`` of its row's template (the
+        templates are the op table's own text, see ``_TEMPLATES``)."""
+        value, lines = self.value, []
+        append = lines.append
+        for op in ops:
+            if type(op) is not Op:
+                lines += other(op)
+                continue
+            t = _TEMPLATES.get(op.name)
+            if t is None or op.k is not None:
+                append(self.forward(op))
+                continue
+            args = op.args
+            append(t.forward.format(o=value[op.out], a=value[args[0]],
+                                    b=value[args[1]] if len(args) == 2 else ''))
+        return lines
+
+    def backward_lines(self, ops, flags, other):
+        """``backward`` of each op of ``ops`` (in the order to run, i.e.
+        reversed) whose result needs a gradient (``other(op)``: the lines of
+        an op that is not an ``Op``). A
+        parameter's contribution may be recorded (``add``); every other
+        operand's is added to its gradient in place."""
+        value, grad, lines = self.value, self.grad, []
+        append = lines.append
+        p0, p1 = self._params
+        for op in ops:
+            o = op.out
+            if not flags[o]:
+                continue
+            if type(op) is not Op:
+                lines += other(op)
+                continue
+            t = _TEMPLATES.get(op.name)
+            args = op.args
+            if t is None or op.k is not None or any(p0 <= x < p1 for x in args):
+                lines += self.backward(op, flags)
+                continue
+            a = value[args[0]]
+            b = value[args[1]] if len(args) == 2 else ''
+            ov, g = value[o], grad[o]
+            for i, template in t.grads:
+                x = args[i]
+                if flags[x]:
+                    append(template.format(a=a, b=b, o=ov, g=g, t=grad[x]))
+        return lines
 
     def forward(self, op):
         value, args = self.value, op.args
@@ -140,3 +232,6 @@ class ScalarRenderer:
             note = f'   /* for {self.grad[slot]}, added in row order by param_grads */'
             return (f'{target} = {condition} ? {expr} : 0.0;' if condition else f'{target} = {expr};') + note
         return f'if ({condition}) {target} += {expr};' if condition else f'{target} += {expr};'
+
+
+_TEMPLATES = _templates()

@@ -1,0 +1,319 @@
+"""The C of one program's computation: its scalar code as per-row functions
+(``_Functions``), its vector ops' calls, and the functions that run them over
+a block's rows (``forward_rows``, ``backward_rows``, ``param_grads``), with
+the numbers the module template needs (``_Program.emit``)."""
+import math
+
+import numpy as np
+
+from compiler.codegen import sums, table
+from compiler.codegen.layout import Layout
+from compiler.codegen.matvec import MatVecRenderer
+from compiler.codegen.scalar import ScalarRenderer, c_double
+from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
+                                PART)
+from compiler.ir import MatVec, Op, Sum, needs_grad, prefix_cuts
+
+
+class _Functions:
+    """Per-row functions of straight-line code, each split into ``noinline``
+    chunks (clang and gcc are superlinear in the size of one function), and
+    grouped into parts of about ``PART`` statements: the translation units
+    that build in parallel."""
+
+    def __init__(self):
+        self.definitions = []     # [(statements, C text)] per function
+        self.prototypes = []
+        self.count = 0
+
+    def define(self, kind, params, lines):
+        """A function running ``lines`` on one row; returns its name."""
+        self.count += 1
+        name = f'seg{self.count}_{kind}'
+        if len(lines) <= CHUNK:
+            self._function(name, params, lines)
+            return name
+        calls = []
+        for n, start in enumerate(range(0, len(lines), CHUNK)):
+            self._function(f'{name}_{n}', params, lines[start:start + CHUNK])
+            calls.append(f'    {name}_{n}({params[1]});')
+        self.prototypes.append(f'HIDDEN void {name}({params[0]});')
+        self.definitions.append((0, '\n'.join([f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{', *calls, '}\n'])))
+        return name
+
+    def _function(self, name, params, lines):
+        self.prototypes.append(f'HIDDEN void {name}({params[0]});')
+        self.definitions.append((len(lines), '\n'.join([
+            f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{',
+            '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n'])))
+
+    @property
+    def statements(self):
+        return sum(n for n, _ in self.definitions)
+
+    def parts(self):
+        """The definitions grouped into parts of about ``PART`` statements
+        (larger, for huge programs: at most about ``MAX_PARTS`` of them)."""
+        target = max(PART, -(-self.statements // MAX_PARTS))
+        parts, current, size = [], [], 0
+        for n, text in self.definitions:
+            if current and size + n > target:
+                parts.append(current)
+                current, size = [], 0
+            current.append(text)
+            size += n
+        return parts + ([current] if current else [])
+
+
+def _init_constants(lay, constants):
+    """``init_constants``: the graph's constants into their slots, from a
+    table (thousands of assignments would cost the C compiler seconds)."""
+    out = ['static void\ninit_constants(double *restrict p)\n{']
+    if constants:
+        at = [lay.shared_index(s) for s in constants]
+        # (tcc takes INFINITY and NAN for no constants in a static table: set them after it)
+        values = [c_double(v if math.isfinite(v) else 0.0) for v in constants.values()]
+        table = [', '.join(values[i:i + 6]) for i in range(0, len(values), 6)]
+        out += [f'    static const double value[{len(values)}] = {{', *[f'        {line},' for line in table], '    };']
+        if at == list(range(at[0], at[0] + len(at))):
+            out.append(f'    memcpy(p + {at[0]}, value, sizeof value);')
+        else:
+            out += [f'    static const int at[{len(at)}] = {{{", ".join(map(str, at))}}};',
+                    f'    for (int i = 0; i < {len(at)}; i++) p[at[i]] = value[i];']
+        out += [f'    p[{i}] = {c_double(v)};' for i, v in zip(at, constants.values()) if not math.isfinite(v)]
+    return '\n'.join(out + ['    (void)p;\n}\n'])
+
+
+def _loss_of(layout, program):
+    """The C macro of a row's loss."""
+    loss = program.loss
+    if layout.is_row(loss):
+        return f'#define LOSS_OF(row, p) ((row)[{layout.row_index(loss)}])'
+    return f'#define LOSS_OF(row, p) ((p)[{layout.shared_index(loss)}])'
+
+
+def _seed(layout, program):
+    """The statement that starts backward: d loss / d loss = 1 (set, as the
+    interpreter sets it, not added)."""
+    loss = program.loss
+    if layout.is_row(loss):
+        return f'ROW(b->g, r)[{layout.row_index(loss)}] = 1.0;'
+    if program.param_start <= loss < program.param_end:
+        return f'b->gp[{layout.shared_index(loss)}] = 1.0;'
+    return ';   /* a constant loss: no gradient */'
+
+
+class _Program:
+    """The C of one program: per-row functions of its scalar code, the
+    wrappers of its vector ops, and the functions that run them over rows."""
+
+    def __init__(self, program):
+        self.program = program
+        self.flags = needs_grad(program)
+        self.layout = Layout(program, self.flags)
+        # (max(1, ...): a loss that is a parameter has rows of nothing)
+        self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * max(1, self.layout.row_stride))))
+        self.scalar = ScalarRenderer(self.layout)
+        self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
+        self.functions = _Functions()
+        # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
+        self.cuts = prefix_cuts(program) if program.prefix_sums else []
+        # a large scalar remainder runs from an op table (compiler/codegen/table.py)
+        n_scalar = len(program.arrays.code) if program.arrays is not None else \
+            sum(1 for op in program.ops if type(op) is Op)
+        self.table = table.OpTable(program, self.layout, self.flags) \
+            if n_scalar >= table.TABLE_MIN_OPS else None
+
+    def _steps(self, indexed_ops, direction):
+        """C statements running ``indexed_ops`` ((index, op) pairs, in the
+        order to run) over rows r0..r1: runs of scalar ops become per-row
+        functions, vector ops calls of their wrappers."""
+        if self.table is not None and indexed_ops:
+            ends = (indexed_ops[0][0], indexed_ops[-1][0])
+            return self._table_steps(min(ends), max(ends) + 1, direction)
+        steps, run = [], []
+
+        def flush():
+            if not run:
+                return
+            if direction == 'forward':
+                lines = self.scalar.forward_lines(run, lambda op: sums.forward(op, self.scalar))
+                name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+            else:
+                lines = self.scalar.backward_lines(
+                    run, self.flags, lambda op: sums.backward(op, self.scalar, self.flags))
+                if lines:
+                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) '
+                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            run.clear()
+
+        for i, op in indexed_ops:
+            if type(op) is MatVec:
+                flush()
+                if direction == 'forward':
+                    steps.append(self.matvecs.forward_call(op))
+                elif id(op) in self.matvecs.has_backward:
+                    steps.append(self.matvecs.backward_call(op))
+            else:
+                run.append(op)
+        flush()
+        return steps
+
+    def _table_steps(self, p0, p1, direction):
+        """``_steps`` of the ops at positions ``p0..p1-1`` when the scalar ops
+        run from the table: a loop call per range of them, found between the
+        other ops (few) without visiting each op; consecutive Sums share one
+        function of statements."""
+        tab, ops = self.table, self.program.ops
+        others = tab.others[np.searchsorted(tab.others, p0):np.searchsorted(tab.others, p1)].tolist()
+        segments, at = [], p0
+        for q in others:
+            if q > at:
+                segments.append((at, q))
+            segments.append(q)
+            at = q + 1
+        if at < p1:
+            segments.append((at, p1))
+        forward = direction == 'forward'
+        if not forward:
+            segments.reverse()
+        steps, sums_run = [], []
+
+        def flush_sums():
+            if not sums_run:
+                return
+            if forward:
+                lines = [line for op in sums_run for line in sums.forward(op, self.scalar)]
+                name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+            else:
+                lines = [line for op in sums_run if self.flags[op.out]
+                         for line in sums.backward(op, self.scalar, self.flags)]
+                if lines:
+                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) '
+                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            sums_run.clear()
+        for seg in segments:
+            if type(seg) is tuple:
+                flush_sums()
+                e0, e1 = tab.entry(seg[0]), tab.entry(seg[1] - 1) + 1
+                steps.append(tab.forward_call(e0, e1) if forward else tab.backward_call(e0, e1))
+                continue
+            op = ops[seg]
+            if type(op) is MatVec:
+                flush_sums()
+                if forward:
+                    steps.append(self.matvecs.forward_call(op))
+                elif id(op) in self.matvecs.has_backward:
+                    steps.append(self.matvecs.backward_call(op))
+            else:
+                sums_run.append(op)
+        flush_sums()
+        return steps
+
+    def forward(self):
+        """``forward_rows``: every op; a sequence stops after ``b->upto``
+        positions, its loss then the mean of theirs."""
+        ops = list(enumerate(self.program.ops))
+        if not self.cuts:
+            return self._steps(ops, 'forward')
+        lay, out, start = self.layout, [], 0
+        loss = lay.row_index(self.program.loss)
+        for n, cut in enumerate(self.cuts[:-1], 1):
+            out += self._steps(ops[start:cut + 1], 'forward')
+            s = lay.row_index(self.program.prefix_sums[n - 1])
+            out += [f'if (b->upto == {n}) {{   /* the first {n} positions: loss = (1 / {n}) * their sum */',
+                    f'    for (int r = r0; r < r1; r++) ROW(b->v, r)[{loss}] = (1.0 / {n}) * ROW(b->v, r)[{s}];',
+                    '    return;', '}']
+            start = cut + 1
+        return out + self._steps(ops[start:], 'forward')
+
+    def backward(self):
+        """``backward_rows``: the loss's cone in reverse; a sequence enters at
+        position ``b->upto``."""
+        grad_ops = list(enumerate(self.program.grad_ops))
+        if not self.cuts:
+            return self._steps(list(reversed(grad_ops)), 'backward')
+        lay, T = self.layout, len(self.cuts)
+        loss = lay.row_index(self.program.loss)
+        sums_at = [lay.row_index(s) for s in self.program.prefix_sums]
+        out = [f'static const int prefix[{T}] = {{{", ".join(map(str, sums_at))}}};   /* partial sums */',
+               f'if (b->upto < {T})   /* d loss / d sum = 1 / n (the loss is (1 / n) * sum) */',
+               f'    for (int r = r0; r < r1; r++) ROW(b->g, r)[prefix[b->upto - 1]] += '
+               f'(1.0 / b->upto) * ROW(b->g, r)[{loss}];',
+               'switch (b->upto) {']
+        bounds = [-1] + self.cuts
+        for n in range(T, 0, -1):
+            part = grad_ops[bounds[n - 1] + 1:bounds[n] + 1]
+            if n == T:
+                part += grad_ops[bounds[T] + 1:]      # the final loss op
+            out.append(f'case {n}:   /* position {n - 1} */')
+            out += ['    ' + step for step in self._steps(list(reversed(part)), 'backward')]
+        return out + ['}']
+
+    def param_grads(self):
+        """``param_grads``: this part's share of the parameter gradients
+        added up over a block's rows, in row order (and, within a row, in
+        backward order)."""
+        lay = self.layout
+        out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
+        out += ['    ' + call for call in self.matvecs.weight_grad_calls()]
+        uses = lay.param_uses
+        if uses:
+            params = list(uses)
+            starts, flat = [0], []
+            for slot in params:
+                flat += uses[slot]
+                starts.append(len(flat))
+            out += ['    /* contributions scalar code recorded in each row */',
+                    f'    static const int param[] = {{{", ".join(str(lay.shared_index(s)) for s in params)}}};',
+                    f'    static const int start[] = {{{", ".join(map(str, starts))}}};',
+                    f'    static const int use[] = {{{", ".join(str(lay.n_row + u) for u in flat)}}};',
+                    f'    const int i0 = {len(params)} * part / parts, i1 = {len(params)} * (part + 1) / parts;',
+                    '    for (int i = i0; i < i1; i++) {',
+                    '        double a = b->gp[param[i]];',
+                    '        for (int r = 0; r < rows; r++) {',
+                    '            const double *restrict g = ROW(b->g, r);',
+                    '            for (int k = start[i]; k < start[i + 1]; k++) a += g[use[k]];',
+                    '        }',
+                    '        b->gp[param[i]] = a;',
+                    '    }']
+        out += ['    (void)b; (void)rows; (void)part; (void)parts; (void)scratch;\n}\n']
+        return out
+
+    def emit(self):
+        """The C of the program, and the numbers the template needs."""
+        program, lay = self.program, self.layout
+        out = [_loss_of(lay, program), '', _init_constants(lay, program.constants)]
+        out += self.matvecs.functions()
+        if self.table is not None:
+            out.append(self.table.c_text())
+        out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
+        out += ['    ' + line for line in self.matvecs.refresh()]
+        out += ['    (void)p; (void)aux;\n}\n']
+        forward, backward = self.forward(), self.backward()
+        if not lay.recorded:
+            # scalar code adds to parameter gradients directly: a row's whole
+            # backward before the next row's, so that each gradient gets its
+            # contributions in row order
+            backward = ['for (int row = r0; row < r1; row++) {', '    const int r0 = row, r1 = row + 1;',
+                        *['    ' + s for s in backward], '}']
+        out += self.functions.prototypes
+        out += ['static void\nforward_rows(const Block *b, int r0, int r1, void *scratch)\n{']
+        out += ['    ' + s for s in forward]
+        out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n',
+                'static void\nbackward_rows(const Block *b, int r0, int r1, void *scratch)\n{',
+                f'    for (int r = r0; r < r1; r++) {_seed(lay, program)}']
+        out += ['    ' + s for s in backward]
+        out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
+        out += self.param_grads()
+        work = sum(6 * op.rows * op.cols if type(op) is MatVec else
+                   3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
+        numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
+                       row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
+                       recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),
+                       work_per_row=max(1, work), positions=len(self.cuts))
+        return '\n'.join(out), numbers

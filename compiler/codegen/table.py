@@ -1,0 +1,201 @@
+"""The scalar op table: a large irregular program's scalar ops as arrays in
+the module, run by one C loop each way (``vm_forward``, ``vm_backward``)
+instead of one C statement per op.
+
+Millions of straight-line statements cost the C compiler seconds (tcc) to
+minutes (clang); the same ops as four ``int`` arrays cost it a fraction of
+that, and the loop runs each op with the same IEEE operations in the same
+order as its statement would: the loop's cases are the op table
+(``scalar.SCALAR_C``) rendered on the operands the loop loaded, so there is
+no second copy of any op's C. Forward runs entries ``i0..i1-1`` in order;
+backward runs them in reverse, each operand's contribution as its statement
+would add it (to the row's gradient, to ``gp``, or recorded for
+``param_grads``, where ``layout`` says).
+
+An entry: ``vm_info[i]`` the op's code (``ir.OP_NAMES``) plus 2 bits per
+operand saying where its gradient goes (0: nowhere, 1: ``g[x]``, 2:
+``gp[-1 - x]``, 3: recorded, at ``vm_recorded(2 i + operand)``); ``vm_out``,
+``vm_a``, ``vm_b`` where the result and operands live (``x >= 0``: ``v[x]``,
+else ``p[-1 - x]``); for ``**``, ``vm_b`` indexes its exponent in
+``vm_k`` (and ``k - 1.0`` in ``vm_k1``).
+"""
+import numpy as np
+
+from compiler.codegen.scalar import SCALAR_C, Exponent, c_double
+from compiler.ir import OP_CODES, OP_NAMES, SCALAR_OPS, Op, ScalarArrays
+
+# Scalar ops from which the program's scalar code is an op table rather than
+# statements (compiler/codegen/program.py decides; tests lower it).
+TABLE_MIN_OPS = 200_000
+
+_POW = OP_CODES['**']
+_KIND_SHIFT = 4          # vm_info: the op's code in the low 4 bits, then 2 bits per operand
+
+
+class OpTable:
+    """The table of a program's scalar ops (every ``Op`` of ``program.ops``, in
+    order: entry ``i`` is the ``i``-th of them)."""
+
+    def __init__(self, program, layout, flags):
+        ops = program.ops
+        arrays = program.arrays
+        if arrays is None:
+            arrays = ScalarArrays.from_ops([op for op in ops if type(op) is Op])
+            others = [i for i, op in enumerate(ops) if type(op) is not Op]
+        else:
+            others = [i for i, _ in program.lifted]
+        self.others = np.array(others, dtype=np.int64)        # positions of the other ops
+        n = len(arrays.code)
+        # where each slot lives: v[x] for x >= 0, p[-1 - x] below
+        loc = np.array([int(t[2:-1]) if t[0] == 'v' else -1 - int(t[2:-1]) for t in layout.value],
+                       dtype=np.int64)
+        needs = np.frombuffer(bytes(flags), dtype=np.uint8).astype(bool)
+        code = arrays.code.astype(np.int64)
+        binary = arrays.b >= 0
+        b_slot = np.where(binary, arrays.b, 0)
+        self.out = loc[arrays.out]
+        self.a = loc[arrays.a]
+        self.b = np.where(binary, loc[b_slot], 0)
+        # the exponents of '**': each its own entry of vm_k
+        pows = np.flatnonzero(code == _POW)
+        self.k = [arrays.k[i] for i in pows.tolist()]
+        self.b[pows] = np.arange(len(pows))
+        # where each operand's gradient goes
+        grads = np.zeros((len(OP_NAMES), 2), dtype=bool)
+        for name, row in SCALAR_C.items():
+            for operand, _, _ in row.grads:
+                grads[OP_CODES[name], operand] = True
+        out_needs = needs[arrays.out]
+        kinds = []
+        for operand, slots, where in ((0, arrays.a, self.a), (1, b_slot, self.b)):
+            wanted = out_needs & needs[slots] & grads[code, operand]
+            if operand == 1:
+                wanted &= binary
+            kinds.append(np.where(wanted, np.where(where >= 0, 1, 2), 0))
+        # a parameter's contribution goes where the layout says: added, or recorded
+        self.recorded = {}
+        if layout.recorded:
+            position = np.delete(np.arange(n + len(others)), self.others) if others else np.arange(n)
+            for operand, kind in enumerate(kinds):
+                slots = arrays.a if operand == 0 else arrays.b
+                for i in np.flatnonzero(kind == 2).tolist():
+                    op = ops[position[i]]
+                    how, target = layout.grad_target(op, operand, int(slots[i]))
+                    if how == '=':
+                        kind[i] = 3
+                        self.recorded[2 * i + operand] = int(target[2:-1])
+        self.info = code | kinds[0] << _KIND_SHIFT | kinds[1] << (_KIND_SHIFT + 2)
+        self.n = n
+
+    def entry(self, position):
+        """The entry of the op at ``position`` in ``program.ops``."""
+        return position - int(np.searchsorted(self.others, position))
+
+    def forward_call(self, i0, i1):
+        return f'for (int r = r0; r < r1; r++) vm_forward({i0}, {i1}, ROW(b->v, r), b->p);'
+
+    def backward_call(self, i0, i1):
+        return f'for (int r = r0; r < r1; r++) vm_backward({i0}, {i1}, ROW(b->v, r), ROW(b->g, r), b->p, b->gp);'
+
+    def c_text(self):
+        """The table and its two loops."""
+        def ints(name, values):
+            values = list(values) or [0]
+            lines = [', '.join(map(str, values[i:i + 24])) for i in range(0, len(values), 24)]
+            return f'static const int {name}[{len(values)}] = {{\n' + ',\n'.join(lines) + '\n};'
+
+        def doubles(name, values):
+            values = [c_double(x) for x in values] or ['0.0']
+            return f'static const double {name}[{len(values)}] = {{' + ', '.join(values) + '};'
+        keys = sorted(self.recorded)
+        out = [f'/* the scalar op table: {self.n:,} ops (compiler/codegen/table.py) */',
+               ints('vm_info', self.info.tolist()), ints('vm_out', self.out.tolist()),
+               ints('vm_a', self.a.tolist()), ints('vm_b', self.b.tolist()),
+               doubles('vm_k', self.k), doubles('vm_k1', [k - 1.0 for k in self.k]),
+               ints('vm_rec_key', keys), ints('vm_rec_at', [self.recorded[k] for k in keys]),
+               _LOOPS.replace('@N_REC@', str(len(keys)))
+                     .replace('@FORWARD@', _forward_cases()).replace('@BACKWARD@', _backward_cases())]
+        return '\n'.join(out)
+
+
+def _forward_cases():
+    k = Exponent('vm_k[y]', 'vm_k1[y]')
+    cases = []
+    for name, row in SCALAR_C.items():
+        binary = SCALAR_OPS[name].arity == 2
+        expr = row.forward('A', 'B' if binary else '', k)
+        load = 'const double B = VM_V(y); ' if binary else ''
+        cases.append(f'        case {OP_CODES[name]}: {{ {load}v[vm_out[i]] = {expr}; break; }}   /* {name} */')
+    return '\n'.join(cases)
+
+
+def _backward_cases():
+    k = Exponent('vm_k[y]', 'vm_k1[y]')
+    cases = []
+    for name, row in SCALAR_C.items():
+        binary = SCALAR_OPS[name].arity == 2
+        lines = [f'        case {OP_CODES[name]}: {{   /* {name} */']
+        if binary:
+            lines.append('            const double B = VM_V(y);')
+        for operand, contribution, condition in row.grads:
+            expr = contribution('A', 'B' if binary else '', 'O', 'G', k)
+            cond = condition('A', 'B') if condition else '1'
+            lines.append(f'            VM_GRAD({operand}, {"x" if operand == 0 else "y"}, {expr}, {cond});')
+        lines.append('            break; }')
+        cases.append('\n'.join(lines))
+    return '\n'.join(cases)
+
+
+_LOOPS = r'''
+#define VM_V(x) ((x) >= 0 ? v[x] : p[-1 - (x)])
+
+static int
+vm_recorded(int key)
+{
+    int lo = 0, hi = @N_REC@ - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (vm_rec_key[mid] < key) lo = mid + 1; else hi = mid;
+    }
+    return vm_rec_at[lo];
+}
+
+HIDDEN NOINLINE void
+vm_forward(int i0, int i1, double *restrict v, const double *restrict p)
+{
+    for (int i = i0; i < i1; i++) {
+        const int x = vm_a[i], y = vm_b[i];
+        const double A = VM_V(x);
+        switch (vm_info[i] & 15) {
+@FORWARD@
+        }
+        (void)y;
+    }
+}
+
+/* a contribution to operand n (slot x): added where the statement would
+   add it (only if cond holds), or recorded (0.0 where cond does not hold) */
+#define VM_GRAD(n, x, e, cond) do { \
+        switch ((info >> (4 + 2 * (n))) & 3) { \
+        case 1: if (cond) g[x] += (e); break; \
+        case 2: if (cond) gp[-1 - (x)] += (e); break; \
+        case 3: g[vm_recorded(2 * i + (n))] = (cond) ? (e) : 0.0; break; \
+        } } while (0)
+
+HIDDEN NOINLINE void
+vm_backward(int i0, int i1, const double *restrict v, double *restrict g, const double *restrict p,
+            double *restrict gp)
+{
+    for (int i = i1 - 1; i >= i0; i--) {
+        const int info = vm_info[i];
+        if (!(info >> 4))
+            continue;               /* no operand needs this op's gradient */
+        const int x = vm_a[i], y = vm_b[i], o = vm_out[i];
+        const double A = VM_V(x), O = v[o], G = g[o];
+        switch (info & 15) {
+@BACKWARD@
+        }
+        (void)y; (void)O; (void)A;
+    }
+}
+'''
