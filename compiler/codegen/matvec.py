@@ -9,7 +9,12 @@ within a row, over those uses in the interpreter's backward order
 """
 from compiler.codegen.layout import PANEL, round_up
 
-GROUP = 16      # inputs per weight-gradient tile (templates/kernels.c: MV_BGW_MK)
+# templates/kernels_api.c's sizes, for the scratch each thread needs
+GROUP = 16          # MV_BGW_MK: inputs per group of the weight gradient's split
+PW = 64             # MV_PW: lanes per packed panel
+RCH = 64            # MV_RCH: rows whose lists are built together
+L1_DOUBLES = 4096   # MV_L1_DOUBLES
+RB_MAX = 256        # MV_RB_MAX
 
 
 def is_strided(slots):
@@ -19,22 +24,10 @@ def is_strided(slots):
 
 
 def weight_groups(C):
-    """The weight gradient's groups of inputs (each listed rows once): 4x4
-    patches when x looks like a square image of side >= 8, else 16
-    consecutive inputs (-1: none). Only speed depends on this."""
-    side = int(C ** 0.5)
-    while (side + 1) * (side + 1) <= C:
-        side += 1
-    groups = []
-    if side * side == C and side >= 8:
-        for y0 in range(0, side, 4):
-            for x0 in range(0, side, 4):
-                groups.append([(y0 + i // 4) * side + x0 + i % 4
-                               if y0 + i // 4 < side and x0 + i % 4 < side else -1 for i in range(GROUP)])
-    else:
-        for c0 in range(0, C, GROUP):
-            groups.append([c if c < C else -1 for c in range(c0, c0 + GROUP)])
-    return groups
+    """The weight gradient's groups of 16 consecutive inputs (-1: none), the
+    unit its threads split. Each input lists its own rows (the kernel), so
+    only how the work is shared depends on this."""
+    return [[c if c < C else -1 for c in range(c0, c0 + GROUP)] for c0 in range(0, C, GROUP)]
 
 
 class MatVecRenderer:
@@ -224,14 +217,18 @@ class MatVecRenderer:
                 for uses in self.uses.values()]
 
     def scratch_bytes(self):
-        """Bytes of scratch each thread needs (the kernels' and the row pointers)."""
+        """Bytes of scratch each thread needs (the kernels' and the row pointers):
+        templates/kernels_body.c's lists, blocks and packed gy."""
         need = 0
         for op in self.ops:
             U = len(self.uses.get(op.wt0, ())) or 1
             n = self.block_rows * U
-            groups = len(weight_groups(op.cols))
-            fwd = 4 * (op.cols + 16) + 128
-            bgx = round_up(4 * (op.rows + 16), 64) + 8 * op.rows * 8 + 128
-            bgw = round_up(4 * groups * (n + 1), 64) + 8 * groups * n * GROUP + n + 256
-            need = max(need, fwd, bgx, 16 * n + bgw)
+            K = len(weight_groups(op.cols)) * GROUP
+
+            def lists(L):       # mv_fwd, mv_bgx: MV_RCH rows' lists of L terms, offsets, sums
+                return (RCH * PW * 8 + RCH * L * 12 + RCH * (L // 8 + 2) * 4 + 4 * 64)
+            R8 = round_up(op.rows, 8)
+            RB = min(RB_MAX, L1_DOUBLES // min(PW, R8))
+            bgw = (8 * max(L1_DOUBLES, RB * R8) + 8 * PW + K * RB * 20 + 4 * K + RB + 7 * 64)
+            need = max(need, lists(op.cols), lists(op.rows), 16 * n + bgw)
         return round_up(need, 64)

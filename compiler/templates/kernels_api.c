@@ -29,11 +29,13 @@
  *   input-grad panels   wq[(q*R + j)*16 + i] = W[perm[j]][16q + i]   (aux)
  */
 
-#define MV_NR 16          /* neurons per forward panel and weight-gradient tile */
-#define MV_FWD_MR 8       /* rows per forward register tile */
-#define MV_BGX_NK 16      /* inputs per input-gradient panel */
-#define MV_BGX_MR 8       /* rows per input-gradient register tile */
-#define MV_BGW_MK 16      /* inputs per weight-gradient tile: they share one list of rows */
+#define MV_NR 16          /* lanes of W's rows and gradient (round16(R)); the weight
+                             gradient's split of neurons counts panels of 16 */
+#define MV_BGW_MK 16      /* inputs per group of the weight gradient's split */
+#define MV_PW 64          /* lanes per packed panel (forward: neurons, input gradient: inputs) */
+#define MV_RCH 64         /* rows whose lists are built together (scratch) */
+#define MV_L1_DOUBLES 4096 /* a panel block that stays in L1 (32 KiB) */
+#define MV_RB_MAX 256     /* most rows per block of the weight gradient */
 
 /* The loops, one set per instruction set (kernels_body.c), chosen at load. */
 typedef struct {
