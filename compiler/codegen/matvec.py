@@ -11,7 +11,7 @@ from compiler.codegen.layout import PANEL, round_up
 
 # templates/kernels_api.c's sizes, for the scratch each thread needs
 GROUP = 16          # MV_BGW_MK: inputs per group of the weight gradient's split
-PW = 64             # MV_PW: lanes per packed panel
+PW = 64             # MV_PW (and MV_BGW_PW): lanes per packed panel
 RCH = 64            # MV_RCH: rows whose lists are built together
 L1_DOUBLES = 4096   # MV_L1_DOUBLES
 RB_MAX = 256        # MV_RB_MAX
@@ -227,8 +227,11 @@ class MatVecRenderer:
 
             def lists(L):       # mv_fwd, mv_bgx: MV_RCH rows' lists of L terms, offsets, sums
                 return (RCH * PW * 8 + RCH * L * 12 + RCH * (L // 8 + 2) * 4 + 4 * 64)
+            # mv_bgw: packed gy (at most max(L1_DOUBLES, 64 * round8(R)) doubles),
+            # and each input's list of a block's rows: up to RB_MAX rows when
+            # a thread's share of the neurons is narrow
             R8 = round_up(op.rows, 8)
-            RB = min(RB_MAX, L1_DOUBLES // min(PW, R8))
-            bgw = (8 * max(L1_DOUBLES, RB * R8) + 8 * PW + K * RB * 20 + 4 * K + RB + 7 * 64)
+            bgw = (8 * max(L1_DOUBLES, (L1_DOUBLES // PW) * R8) + 8 * PW + K * RB_MAX * 20 + 4 * K
+                   + RB_MAX + 7 * 64)
             need = max(need, lists(op.cols), lists(op.rows), 16 * n + bgw)
         return round_up(need, 64)

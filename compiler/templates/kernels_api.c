@@ -33,6 +33,7 @@
                              gradient's split of neurons counts panels of 16 */
 #define MV_BGW_MK 16      /* inputs per group of the weight gradient's split */
 #define MV_PW 64          /* lanes per packed panel (forward: neurons, input gradient: inputs) */
+#define MV_BGW_PW 64      /* lanes per panel of packed gy (weight gradient) */
 #define MV_RCH 64         /* rows whose lists are built together (scratch) */
 #define MV_L1_DOUBLES 4096 /* a panel block that stays in L1 (32 KiB) */
 #define MV_RB_MAX 256     /* most rows per block of the weight gradient */

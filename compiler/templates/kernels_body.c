@@ -200,11 +200,17 @@ ISA(starts_negative_zero)(double x0, int w0neg, int w0pos)
 static void
 ISA(block_offsets)(const int *ix, int n, int KC, int NB, int *off)
 {
-    int j = 0;
-    for (int b = 0; b < NB; b++) {
-        off[b] = j;
-        while (j < n && ix[j] < (b + 1) * KC)
-            j++;
+    off[0] = 0;
+    for (int b = 1; b < NB; b++) {      /* the first j with ix[j] >= b * KC */
+        int lo = off[b - 1], hi = n;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (ix[mid] < b * KC)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        off[b] = lo;
     }
     off[NB] = n;
 }
@@ -230,16 +236,6 @@ ISA(panel_rows)(int rows, const double *B, int nw, int e, int KC, int NB,
             const int *o = off + r * (NB + 1);
             const int j0 = o[b], n = o[b + 1] - j0;
             double *o_r = out + r * ldo, *acc_r = acc + (size_t)r * MV_PW;
-#ifdef VEC
-            if (r + 1 < rows) {     /* the next row's list and sums: from L2 while this one runs */
-                const int jn = off[(r + 1) * (NB + 1) + b];
-                __builtin_prefetch(ix + (size_t)(r + 1) * ldl + jn);
-                __builtin_prefetch(a + (size_t)(r + 1) * ldl + jn);
-                __builtin_prefetch(a + (size_t)(r + 1) * ldl + jn + 8);
-                for (int s0 = 0; s0 < nw; s0 += 8)
-                    __builtin_prefetch(b > 0 ? acc_r + MV_PW + s0 : init == 2 ? o_r + ldo + s0 : acc_r + MV_PW + s0);
-            }
-#endif
             for (int s0 = 0; s0 < nw; s0 += 8 * MV_VMAX) {
                 const int V = mv_min(MV_VMAX, (nw - s0) / 8), full = s0 + 8 * V <= e;
                 const double *from = acc_r + s0;
@@ -371,13 +367,13 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
     const int L0 = p0 * MV_NR, L1 = mv_min(p1 * MV_NR, R);
     if (g1 <= g0 || L1 <= L0 || n_rows <= 0)
         return;
-    const int W8 = (L1 - L0 + 7) & ~7, NP = (W8 + MV_PW - 1) / MV_PW;
-    const int RB = mv_min(MV_RB_MAX, MV_L1_DOUBLES / mv_min(MV_PW, W8));
+    const int W8 = (L1 - L0 + 7) & ~7, NP = (W8 + MV_BGW_PW - 1) / MV_BGW_PW;
+    const int RB = mv_min(MV_RB_MAX, MV_L1_DOUBLES / mv_min(MV_BGW_PW, W8));
     char *p = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);   /* after the row pointers */
     double *gyp = (double *)p;                        /* [panel][row][nw] */
     p += mv_align64(sizeof(double) * (size_t)RB * W8);
     double *acc = (double *)p;
-    p += mv_align64(sizeof(double) * MV_PW);
+    p += mv_align64(sizeof(double) * MV_BGW_PW);
     const int K = (g1 - g0) * MV_BGW_MK;
     double *a = (double *)p;                          /* [input][row] */
     p += mv_align64(sizeof(double) * (size_t)K * RB);
@@ -396,8 +392,8 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
             const double *g = gyrow[i0 + i] + L0;
             gyfin[i] = (char)mv_all_finite(gyrow[i0 + i], R);
             for (int q = 0; q < NP; q++) {
-                const int nw = mv_min(MV_PW, W8 - q * MV_PW);
-                memcpy(gyp + (size_t)q * MV_PW * RB + (size_t)i * nw, g + q * MV_PW, sizeof(double) * nw);
+                const int nw = mv_min(MV_BGW_PW, W8 - q * MV_BGW_PW);
+                memcpy(gyp + (size_t)q * MV_BGW_PW * RB + (size_t)i * nw, g + q * MV_BGW_PW, sizeof(double) * nw);
             }
         }
         /* x of the block's rows by input (xt[c][i], a transpose in tiles of
@@ -432,8 +428,8 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
             cnt[c] = n;
         }
         for (int q = 0; q < NP; q++) {
-            const int n0 = q * MV_PW, nw = mv_min(MV_PW, W8 - n0), e = mv_min(L1 - L0 - n0, nw);
-            const double *B = gyp + (size_t)q * MV_PW * RB;
+            const int n0 = q * MV_BGW_PW, nw = mv_min(MV_BGW_PW, W8 - n0), e = mv_min(L1 - L0 - n0, nw);
+            const double *B = gyp + (size_t)q * MV_BGW_PW * RB;
             long long terms = 0;
             for (int c = 0; c < K; c++)
                 terms += cols[c] >= 0 ? cnt[c] : 0;
