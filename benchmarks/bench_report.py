@@ -139,7 +139,7 @@ def peak_lines(report):
                         for name, by_t in peaks.items())]
 
 
-def work(r, label, threads_all_n):
+def work(r, label):
     """``(executed GMAC/s, dense-equivalent GMAC/s)`` of a training row at a
     thread setting, or Nones."""
     t = measured(r, f'train_{label}', 's_per_epoch')
@@ -166,7 +166,7 @@ def work_table(report, markdown_style):
         dense = sum(r['macs_dense'].values())
         cells = [r['model'], r['system'], fmt(ex, ',.0f'), fmt(dense, ',.0f'), fmt(quotient(ex, dense), '.2f')]
         for label, n in (('1t', 1), ('all', n_all)):
-            g, gd = work(r, label, n_all)
+            g, gd = work(r, label)
             cells += [fmt(g, '.1f'), fmt(quotient(g, peak(report, n)) and 100 * quotient(g, peak(report, n)), '.0f'),
                       fmt(gd, '.1f')]
         lines.append(cells)
