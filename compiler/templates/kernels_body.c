@@ -113,6 +113,47 @@ MV_TILE(8)
 #endif
 #undef MV_TILE
 
+#if MV_VMAX >= 8
+/* Two rows' lists over one panel of 64 lanes at once: twice the independent
+ * sums in flight, one call for both. */
+static void
+ISA(tile8x2)(const double *initA, const double *initB, const double *RESTRICT B, long ldb,
+             const int *RESTRICT ixA, const double *RESTRICT aA, int nA,
+             const int *RESTRICT ixB, const double *RESTRICT aB, int nB, double *outA, double *outB)
+{
+    V8 p[8], q[8];
+    UNROLL for (int v = 0; v < 8; v++) {
+        p[v] = LDU(initA + 8 * v);
+        q[v] = LDU(initB + 8 * v);
+    }
+    const int n = nA < nB ? nA : nB;
+    for (int j = 0; j < n; j++) {
+        const double *RESTRICT b = B + (size_t)ixA[j] * ldb, *RESTRICT c = B + (size_t)ixB[j] * ldb;
+        const double s = aA[j], t = aB[j];
+        UNROLL for (int v = 0; v < 8; v++) {
+            MADD(p[v], LD(b + 8 * v), s);
+            MADD(q[v], LD(c + 8 * v), t);
+        }
+    }
+    for (int j = n; j < nA; j++) {
+        const double *RESTRICT b = B + (size_t)ixA[j] * ldb;
+        const double s = aA[j];
+        UNROLL for (int v = 0; v < 8; v++)
+            MADD(p[v], LD(b + 8 * v), s);
+    }
+    for (int j = n; j < nB; j++) {
+        const double *RESTRICT c = B + (size_t)ixB[j] * ldb;
+        const double t = aB[j];
+        UNROLL for (int v = 0; v < 8; v++)
+            MADD(q[v], LD(c + 8 * v), t);
+    }
+    UNROLL for (int v = 0; v < 8; v++) {
+        STU(outA + 8 * v, p[v]);
+        STU(outB + 8 * v, q[v]);
+    }
+}
+#endif
+
 static void
 ISA(tile)(int V, const double *init, int first, double x0, const double *B, long ldb,
           const int *ix, const double *a, int n, double *out)
@@ -232,7 +273,21 @@ ISA(panel_rows)(int rows, const double *B, int nw, int e, int KC, int NB,
     MV_COUNT(kind, terms * e);
     for (int b = 0; b < NB; b++) {
         const int last = b == NB - 1;
-        for (int r = 0; r < rows; r++) {
+        int r = 0;
+#if defined(VEC) && MV_VMAX >= 8
+        if (nw == 64 && e == 64 && !(b == 0 && init == 1))   /* whole panels: two rows a call */
+            for (; r + 2 <= rows; r += 2) {
+                const int *oA = off + r * (NB + 1), *oB = oA + (NB + 1);
+                double *outa = out + r * ldo, *outb = outa + ldo;
+                double *acca = acc + (size_t)r * MV_PW, *accb = acca + MV_PW;
+                const double *fa = b > 0 ? acca : init == 0 ? hp : outa;
+                const double *fb = b > 0 ? accb : init == 0 ? hp : outb;
+                ISA(tile8x2)(fa, fb, B, nw, ix + (size_t)r * ldl + oA[b], a + (size_t)r * ldl + oA[b],
+                             oA[b + 1] - oA[b], ix + (size_t)(r + 1) * ldl + oB[b], a + (size_t)(r + 1) * ldl + oB[b],
+                             oB[b + 1] - oB[b], last ? outa : acca, last ? outb : accb);
+            }
+#endif
+        for (; r < rows; r++) {
             const int *o = off + r * (NB + 1);
             const int j0 = o[b], n = o[b + 1] - j0;
             double *o_r = out + r * ldo, *acc_r = acc + (size_t)r * MV_PW;
