@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_report  # noqa: E402
+from benchmarks import bench_peak, bench_report  # noqa: E402
 from benchmarks.bench_machine import machine, usable_cores  # noqa: E402
 from benchmarks.bench_systems import (BUILDS, MIN_PREDICT_PASS_S, KINDS, compiler_installed,  # noqa: E402
                                       load_rows, merge_rounds, model_sizes, row, run_interpreter,
@@ -171,6 +171,7 @@ def run(args):
     X, source = load_rows(args.data, args.images, args.batch)
     args.n_images = len(X)
     report = {'machine': machine(), 'config': config(args, len(X), source), 'results': []}
+    report['machine']['peaks'] = bench_peak.measure(args.threads, 0.1 if args.quick else 0.3)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix='bench-mnist-') as scratch:
         for model in args.models:

@@ -118,10 +118,67 @@ def threads_all(report):
     return report['config']['threads']['all']
 
 
+def peak(report, threads):
+    """The machine's mul+add peak (GMAC/s) at ``threads`` threads for the widest
+    vectors it has (bench_peak.py), or None."""
+    peaks = report['machine'].get('peaks') or {}
+    for name in ('avx512 mul+add', 'avx2 mul+add'):
+        if name in peaks:
+            by_t = {int(t): v for t, v in peaks[name].items()}
+            return by_t.get(threads)
+    return None
+
+
+def peak_lines(report):
+    m = report['machine']
+    peaks = m.get('peaks') or {}
+    if not peaks:
+        return ['peaks: not measured (no C compiler or not x86-64)']
+    return [f"peaks on {m['cpu']} (benchmarks/peak.c, GMAC/s; mul+add is what exact kernels may do): "
+            + '; '.join(f"{name} " + ' / '.join(f'{t}T {v:.1f}' for t, v in sorted(by_t.items(), key=lambda x: int(x[0])))
+                        for name, by_t in peaks.items())]
+
+
+def work(r, label):
+    """``(executed GMAC/s, dense-equivalent GMAC/s)`` of a training row at a
+    thread setting, or Nones."""
+    t = measured(r, f'train_{label}', 's_per_epoch')
+    ex, dense = r.get('macs_executed'), r.get('macs_dense')
+    if not t or not ex or not dense:
+        return None, None
+    per_s = 60000 / t
+    return sum(ex.values()) * per_s / 1e9, sum(dense.values()) * per_s / 1e9
+
+
+def work_table(report, markdown_style):
+    """Per compiled row: the multiply-adds of a training image (executed after
+    skipping, and dense), GMAC/s at 1 and all threads and their share of the
+    mul+add peak."""
+    n_all = threads_all(report)
+    headers = ['model', 'system', 'MACs/image run', 'dense', 'run/dense',
+               'GMAC/s 1T', '% peak 1T', 'dense-eq GMAC/s 1T',
+               'GMAC/s all', '% peak all', 'dense-eq GMAC/s all']
+    lines = []
+    for r in report['results']:
+        if r.get('kind') != 'compiled' or r['status'] != 'ok' or not r.get('macs_dense'):
+            continue
+        ex = sum((r.get('macs_executed') or {}).values()) or None
+        dense = sum(r['macs_dense'].values())
+        cells = [r['model'], r['system'], fmt(ex, ',.0f'), fmt(dense, ',.0f'), fmt(quotient(ex, dense), '.2f')]
+        for label, n in (('1t', 1), ('all', n_all)):
+            g, gd = work(r, label)
+            cells += [fmt(g, '.1f'), fmt(quotient(g, peak(report, n)) and 100 * quotient(g, peak(report, n)), '.0f'),
+                      fmt(gd, '.1f')]
+        lines.append(cells)
+    if markdown_style:
+        return markdown_table(headers, lines)
+    return aligned(headers, lines, [False, False] + [True] * (len(headers) - 2))
+
+
 def header(report):
     m, c = report['machine'], report['config']
     versions = ', '.join(f'{k} {v}' for k, v in m['compilers'].items() if v) or 'none'
-    return [
+    return peak_lines(report) + [
         f"machine: {m['cpu']} ({', '.join(m['cpu_flags']) or 'no AVX'}), {m['cores']} cores "
         f"({m['cores_usable']} usable), {m['mem_gb']} GB, load {m['loadavg'][0]}",
         f"python {m['python']}, numpy {m['numpy']}, torch {m['torch'] or 'not installed'}, "
@@ -177,6 +234,8 @@ def text(report):
     lines += aligned([h for h, _, _ in TEXT_COLUMNS],
                      [[cell(r) for _, _, cell in TEXT_COLUMNS] for r in report['results']],
                      [right for _, right, _ in TEXT_COLUMNS])
+    lines += ['', 'kernel work (training; MACs: multiply-adds; % peak: executed GMAC/s over the mul+add peak '
+              'at the same thread count):', ''] + work_table(report, False)
     found = notes(report)
     if found:
         lines += ['', 'notes:'] + found
@@ -254,6 +313,9 @@ def markdown(report):
     out += per_thread_table(report, 'train', 's_per_epoch', '.2f', 'speedup')
     out += ['', f"Predict, images per second (ratio: ours / PyTorch in `no_grad`, {names}).", '']
     out += per_thread_table(report, 'predict', 'images_per_s', ',.0f', 'predict_speedup')
+    out += ['', f"Kernel work in training: multiply-adds per image run by the loop kernels (after skipping "
+            f"zeros) and dense, GMAC/s and share of the mul+add peak. " + ' '.join(peak_lines(report)), '']
+    out += work_table(report, True)
     out += ['', "`compile()` seconds, end to end (trace, pass, C, build, load; no cache), "
             "and the C compiler's part.", '']
     out += compile_table(report)

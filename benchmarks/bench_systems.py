@@ -62,7 +62,7 @@ ROW_FIELDS = (
 )
 # Extra keys of a compiled row.
 BUILD_FIELDS = ('kwargs', 'toolchain', 'version', 'flags', 'passes', 'compile_s', 'timings',
-                'ops', 'c_lines', 'c_bytes', 'compiler_peak_mb')
+                'ops', 'c_lines', 'c_bytes', 'compiler_peak_mb', 'macs_executed', 'macs_dense')
 KINDS = {INTERPRETER: 'interpreter', **dict.fromkeys(TORCH_SYSTEMS, 'torch'),
          **dict.fromkeys(BUILDS, 'compiled')}
 
@@ -406,7 +406,45 @@ def run_compiled(job, X):
     if m.build.cached:
         details['note'] = 'cache hit: the compile time is not real'
     runner = CompiledRunner(m, X, job['batch'], job['lr'])
-    return dict(base, **details, **measure(runner, job['threads'], job['repeats']))
+    measured = measure(runner, job['threads'], job['repeats'])
+    return dict(base, **details, **measured, macs_executed=executed_macs(m, runner),
+                macs_dense=dense_macs(job['model']))
+
+
+KERNEL_KINDS = ('forward', 'input_grad', 'weight_grad')
+
+
+def dense_macs(model):
+    """Multiply-adds per image of one training step without skipping any
+    zero: every layer's forward and weight gradient, and the input gradient
+    of every layer but the first (the pixels need none)."""
+    sizes = model_sizes(model)
+    layers = list(zip(sizes, sizes[1:]))
+    forward = sum(c * r for c, r in layers)
+    return {'forward': forward, 'input_grad': forward - layers[0][0] * layers[0][1], 'weight_grad': forward}
+
+
+def kernel_counters(m):
+    """The module's count of the multiply-adds its loop kernels ran
+    (``micrograd_kernel_macs`` in templates/kernels.c), or None."""
+    import ctypes
+    path = getattr(m.module, '__file__', None)
+    try:
+        return (ctypes.c_ulonglong * 3).in_dll(ctypes.CDLL(path), 'micrograd_kernel_macs')
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def executed_macs(m, runner):
+    """Multiply-adds per image the kernels ran in one training pass over the
+    batches (after skipping zeros), by kind; None if the module does not count."""
+    counters = kernel_counters(m)
+    if counters is None:
+        return None
+    for i in range(3):
+        counters[i] = 0
+    runner.train_pass()
+    return {kind: counters[i] / runner.images for i, kind in enumerate(KERNEL_KINDS)}
 
 
 def children_peak_mb():

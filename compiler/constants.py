@@ -12,11 +12,20 @@ MAX_THREADS = 1024
 
 # The MatVec loop kernels' tile sizes (templates/kernels_body.c): neurons per
 # forward panel and per weight-gradient tile (the padding of a weight
-# block's rows, compiler/codegen/layout.py), inputs per input-gradient panel,
-# inputs per weight-gradient tile (they share one list of rows).
+# block's rows, compiler/codegen/layout.py) and inputs per group of the
+# weight gradient's split (they share one list of rows).
 MV_NR = 16
-MV_BGX_NK = 16
 MV_BGW_MK = 16
+# The one sparse micro-kernel's sizes (templates/kernels_body.c): lanes per
+# packed panel of W (forward: neurons, input gradient: inputs) and of gy
+# (weight gradient); rows whose lists of nonzeros are built together; a panel
+# block that stays in L1 (32 KiB of doubles); most rows per block of the
+# weight gradient. codegen/matvec.py sizes each thread's scratch by them.
+MV_PW = 64
+MV_BGW_PW = 64
+MV_RCH = 64
+MV_L1_DOUBLES = 4096
+MV_RB_MAX = 256
 
 # Input rows a module runs through forward and backward together (a block):
 # its threads share a block's rows, and parameter gradients are added up
@@ -58,4 +67,5 @@ BACKWARD_PARAMS = ('const double *restrict v, double *restrict g, const double *
                    'double *restrict gp', 'v, g, p, gp')
 
 # The numbers above that the fixed C uses, as the prologue's #defines.
-C_DEFINES = {'MAX_THREADS': MAX_THREADS, 'MV_NR': MV_NR, 'MV_BGX_NK': MV_BGX_NK, 'MV_BGW_MK': MV_BGW_MK}
+C_DEFINES = {'MAX_THREADS': MAX_THREADS, 'MV_NR': MV_NR, 'MV_BGW_MK': MV_BGW_MK, 'MV_PW': MV_PW,
+             'MV_BGW_PW': MV_BGW_PW, 'MV_RCH': MV_RCH, 'MV_L1_DOUBLES': MV_L1_DOUBLES, 'MV_RB_MAX': MV_RB_MAX}

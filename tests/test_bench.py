@@ -21,7 +21,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / 'benchmarks' / 'bench_mnist.py'
 
 MACHINE_FIELDS = {'cpu', 'cpu_flags', 'cores', 'cores_usable', 'mem_gb', 'loadavg', 'loadavg_end', 'os',
-                  'python', 'numpy', 'torch', 'compilers', 'git'}
+                  'python', 'numpy', 'torch', 'compilers', 'git', 'peaks'}
 CONFIG_FIELDS = {'data', 'images', 'batch', 'lr', 'seed', 'repeats', 'rounds', 'threads', 'models', 'builds',
                  'systems', 'interp_images', 'quick', 'compile_timeout', 'min_predict_pass_s'}
 ROW_FIELDS = {'model', 'system', 'kind', 'status', 'note', 'images', 'repeats', 'rounds', 'other_load',
@@ -30,7 +30,7 @@ ROW_FIELDS = {'model', 'system', 'kind', 'status', 'note', 'images', 'repeats', 
               'loss0', 'loss0_minus_interpreter', 'first_batch_loss_1t', 'first_batch_loss_all',
               'bits_identical', 'trained_loss', 'init_params_sha256'}
 BUILD_FIELDS = {'kwargs', 'toolchain', 'version', 'flags', 'passes', 'compile_s', 'timings',
-                'ops', 'c_lines', 'c_bytes', 'compiler_peak_mb'}
+                'ops', 'c_lines', 'c_bytes', 'compiler_peak_mb', 'macs_executed', 'macs_dense'}
 TIMING_FIELDS = {'threads', 'pass_seconds', 'pass_images', 'images_per_s', 's_per_epoch'}
 
 
@@ -78,6 +78,24 @@ def test_quick_run_reports_every_field(quick):
         assert row['model'] == '784-50-10'
     interp = rows['micrograd']
     assert interp['status'] == 'ok' and interp['train_1t']['images_per_s'] > 0
+
+
+def test_kernel_work_is_counted_against_the_dense_work(quick):
+    """Each build's rows say how many multiply-adds its kernels ran per image
+    (skipping zero pixels: fewer than dense, never more) and the peaks of the
+    machine are in the report."""
+    report, _ = quick
+    for build in ('tcc', 'clang-O0'):
+        row = rows_of(report)[build]
+        dense, run = row['macs_dense'], row['macs_executed']
+        assert dense == {'forward': 784 * 50 + 50 * 10, 'input_grad': 50 * 10, 'weight_grad': 784 * 50 + 50 * 10}
+        assert set(run) == set(dense)
+        for kind in dense:
+            assert 0 < run[kind] <= dense[kind], (build, kind)
+        assert run['forward'] < 0.9 * dense['forward'], "blank pixels were not skipped"
+    peaks = report['machine']['peaks']
+    if report['machine']['cpu_flags']:
+        assert all(rate > 0 for by_t in peaks.values() for rate in by_t.values())
 
 
 @pytest.mark.parametrize('build', ['tcc', 'clang-O0'])
@@ -130,7 +148,8 @@ def test_markdown_tables_from_the_json(quick):
     assert r.returncode == 0, r.stderr
     assert ('| model | PyTorch 1T | PyTorch all | ours tcc 1T | ours tcc all | ours clang-O0 1T | '
             'ours clang-O0 all | ratio 1T | ratio all |') in r.stdout
-    assert r.stdout.count('\n| 784-50-10 |') == 3      # training, predict, compile time
+    # training, predict, compile time; and the kernel work of each build
+    assert r.stdout.count('\n| 784-50-10 |') == 3 + 2
     assert 'images per second' in r.stdout and '`compile()` seconds' in r.stdout
 
 

@@ -8,7 +8,8 @@ within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 """
 from compiler.codegen.layout import PANEL, round_up
-from compiler.constants import MV_BGW_MK as GROUP   # inputs per weight-gradient tile
+from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
+                                MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
 
 
 def is_strided(slots):
@@ -18,22 +19,10 @@ def is_strided(slots):
 
 
 def weight_groups(C):
-    """The weight gradient's groups of inputs (each listed rows once): 4x4
-    patches when x looks like a square image of side >= 8, else 16
-    consecutive inputs (-1: none). Only speed depends on this."""
-    side = int(C ** 0.5)
-    while (side + 1) * (side + 1) <= C:
-        side += 1
-    groups = []
-    if side * side == C and side >= 8:
-        for y0 in range(0, side, 4):
-            for x0 in range(0, side, 4):
-                groups.append([(y0 + i // 4) * side + x0 + i % 4
-                               if y0 + i // 4 < side and x0 + i % 4 < side else -1 for i in range(GROUP)])
-    else:
-        for c0 in range(0, C, GROUP):
-            groups.append([c if c < C else -1 for c in range(c0, c0 + GROUP)])
-    return groups
+    """The weight gradient's groups of 16 consecutive inputs (-1: none), the
+    unit its threads split. Each input lists its own rows (the kernel), so
+    only how the work is shared depends on this."""
+    return [[c if c < C else -1 for c in range(c0, c0 + GROUP)] for c0 in range(0, C, GROUP)]
 
 
 class MatVecRenderer:
@@ -223,14 +212,21 @@ class MatVecRenderer:
                 for uses in self.uses.values()]
 
     def scratch_bytes(self):
-        """Bytes of scratch each thread needs (the kernels' and the row pointers)."""
+        """Bytes of scratch each thread needs (the kernels' and the row pointers):
+        templates/kernels_body.c's lists, blocks and packed gy."""
         need = 0
         for op in self.ops:
             U = len(self.uses.get(op.wt0, ())) or 1
             n = self.block_rows * U
-            groups = len(weight_groups(op.cols))
-            fwd = 4 * (op.cols + 16) + 128
-            bgx = round_up(4 * (op.rows + 16), 64) + 8 * op.rows * 8 + 128
-            bgw = round_up(4 * groups * (n + 1), 64) + 8 * groups * n * GROUP + n + 256
-            need = max(need, fwd, bgx, 16 * n + bgw)
+            K = len(weight_groups(op.cols)) * GROUP
+
+            def lists(L):       # mv_fwd, mv_bgx: MV_RCH rows' lists of L terms, offsets, sums
+                return (RCH * PW * 8 + RCH * L * 12 + RCH * (L // 8 + 2) * 4 + 4 * 64)
+            # mv_bgw: packed gy (at most max(L1_DOUBLES, 64 * round8(R)) doubles),
+            # and each input's list of a block's rows: up to RB_MAX rows when
+            # a thread's share of the neurons is narrow
+            R8 = round_up(op.rows, 8)
+            bgw = (8 * max(L1_DOUBLES, (L1_DOUBLES // PW) * R8) + 8 * PW + K * RB_MAX * 20 + 4 * K
+                   + RB_MAX + 7 * 64)
+            need = max(need, lists(op.cols), lists(op.rows), 16 * n + bgw)
         return round_up(need, 64)

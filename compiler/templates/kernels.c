@@ -10,6 +10,19 @@
 
 static size_t mv_align64(size_t n) { return (n + 63) & ~(size_t)63; }
 static int mv_min(int a, int b) { return a < b ? a : b; }
+static int mv_max(int a, int b) { return a > b ? a : b; }
+
+/* The multiply-adds the loops ran (terms x lanes that hold outputs, after
+ * skipping zeros): forward, input gradient, weight gradient. For the
+ * benchmarks (bench_systems.py reads them by name); counted once per loop
+ * call, nothing per term. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+__attribute__((visibility("default"))) unsigned long long micrograd_kernel_macs[3];
+#define MV_COUNT(kind, n) __atomic_fetch_add(&micrograd_kernel_macs[kind], (unsigned long long)(n), __ATOMIC_RELAXED)
+#else
+unsigned long long micrograd_kernel_macs[3];
+#define MV_COUNT(kind, n) (micrograd_kernel_macs[kind] += (unsigned long long)(n))
+#endif
 
 HIDDEN int
 mv_all_finite(const double *v, long n)
@@ -20,29 +33,33 @@ mv_all_finite(const double *v, long n)
     return 1;
 }
 
-/* Forward panels from W by column (RP apart), and the heads padded. */
+/* Forward panels from W by column (RP apart): panels of 64 neurons (the
+ * last one round8(R) - 64q wide, padded with 0), in each the neurons of
+ * one input k side by side: wp[64q*C + k*nw + i] = W[64q + i][k]. */
 HIDDEN void
 mv_pack_fwd(const double *wt, int R, int C, int RP, double *wp)
 {
-    for (int q = 0; q < RP / MV_NR; q++)
+    const int R8 = (R + 7) & ~7;
+    for (int n0 = 0; n0 < R8; n0 += MV_PW) {
+        const int nw = mv_min(MV_PW, R8 - n0);
+        double *q = wp + (size_t)n0 * C;
         for (int k = 0; k < C; k++)
-            for (int i = 0; i < MV_NR; i++) {
-                const int n = q * MV_NR + i;
-                wp[((size_t)q * C + k) * MV_NR + i] = n < R ? wt[(size_t)k * RP + n] : 0.0;
-            }
+            for (int i = 0; i < nw; i++)
+                q[(size_t)k * nw + i] = n0 + i < R ? wt[(size_t)k * RP + n0 + i] : 0.0;
+    }
 }
 
-/* Input-gradient panels: W's rows in the interpreter's backward order `perm`. */
+/* Input-gradient panels: panels of 64 inputs, W's rows in the interpreter's
+ * backward order `perm`: wq[64q*R + j*nw + i] = W[perm[j]][64q + i]. */
 HIDDEN void
 mv_pack_bgx(const double *wt, const int *perm, int R, int C, int RP, double *wq)
 {
-    const int nq = (C + MV_BGX_NK - 1) / MV_BGX_NK;
-    for (int q = 0; q < nq; q++)
+    const int C8 = (C + 7) & ~7;
+    for (int k0 = 0; k0 < C8; k0 += MV_PW) {
+        const int nw = mv_min(MV_PW, C8 - k0);
+        double *q = wq + (size_t)k0 * R;
         for (int j = 0; j < R; j++)
-            for (int i = 0; i < MV_BGX_NK; i++) {
-                const int k = q * MV_BGX_NK + i;
-                wq[((size_t)q * R + j) * MV_BGX_NK + i] = k < C ? wt[(size_t)k * RP + perm[j]] : 0.0;
-            }
+            for (int i = 0; i < nw; i++)
+                q[(size_t)j * nw + i] = k0 + i < C ? wt[(size_t)(k0 + i) * RP + perm[j]] : 0.0;
+    }
 }
-
-

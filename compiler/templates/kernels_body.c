@@ -54,30 +54,156 @@ static inline V8 ISA(muls)(V8 v, double s) { V8 r; r.lo = v.lo * s; r.hi = v.hi 
 #define ADDV(a, v) ((a).lo += (v).lo, (a).hi += (v).hi)
 #endif
 #define UNROLL _Pragma("GCC unroll 32")
-#if MV_LEVEL < 2
-#define BGW_PART (MV_LEVEL == 1 ? 2 : 1)   /* 16 ymm (xmm) registers: 8 accumulate */
-#elif defined(__clang__)
-#define BGW_PART (MV_BGW_MK / 2)
+#if MV_LEVEL == 2
+#define MV_VMAX 8        /* 32 zmm registers: 8 accumulate */
+#elif MV_LEVEL == 1
+#define MV_VMAX 4        /* 16 ymm registers: 8 accumulate (two per vector of 8) */
 #else
-#define BGW_PART MV_BGW_MK
+#define MV_VMAX 2
 #endif
 #define RESTRICT __restrict
 #define ALIGN64 __attribute__((aligned(64)))
 #else
+#define MV_VMAX 8
 #define UNROLL
 #define RESTRICT
 #define ALIGN64
 #endif
 
-/* The columns k >= c0 where any of the MR rows is nonzero (every column
- * unless skip), ascending, into ks; returns the count. */
-static int
-ISA(union_list)(const double *x, long ldx, int MR, int C, int c0, int skip, int *ks)
+/* The core of every loop below: one tile of V vectors (8V lanes) of
+ * independent running sums, acc = init (or B[0] * x0: the first product),
+ * then acc = acc + (B[ix[j]] * a[j]) for j < n in order, into out. A list
+ * holds only the terms that count (the nonzero a, unless skipping is off),
+ * so the work is proportional to them; B is a packed panel (rows ldb
+ * doubles apart, 64-byte aligned) small enough to stay in L1 while many
+ * lists run over it. Per term: one broadcast, V loads, V multiplies and V
+ * adds: on a core whose multiplies and adds share two ports, V >= 4 keeps
+ * both ports busy with the loads beside them. */
+#ifdef VEC
+/* One function per V (a macro: the compilers merge calls of one inline
+ * function with different constants before unrolling them). */
+#define MV_TILE(V)                                                                                     \
+static void                                                                                            \
+ISA(tile##V)(const double *init, int first, double x0, const double *RESTRICT B, long ldb,             \
+             const int *RESTRICT ix, const double *RESTRICT a, int n, double *out)                     \
+{                                                                                                      \
+    V8 acc[V];                                                                                         \
+    UNROLL for (int v = 0; v < V; v++)                                                                 \
+        acc[v] = first ? MULS(LD(B + 8 * v), x0) : LDU(init + 8 * v);                                  \
+    for (int j = 0; j < n; j++) {                                                                      \
+        const double *RESTRICT b = B + (size_t)ix[j] * ldb;                                            \
+        const double s = a[j];                                                                         \
+        UNROLL for (int v = 0; v < V; v++)                                                             \
+            MADD(acc[v], LD(b + 8 * v), s);                                                            \
+    }                                                                                                  \
+    UNROLL for (int v = 0; v < V; v++)                                                                 \
+        STU(out + 8 * v, acc[v]);                                                                      \
+}
+MV_TILE(1)
+MV_TILE(2)
+#if MV_VMAX >= 4
+MV_TILE(3)
+MV_TILE(4)
+#endif
+#if MV_VMAX >= 8
+MV_TILE(5)
+MV_TILE(6)
+MV_TILE(7)
+MV_TILE(8)
+#endif
+#undef MV_TILE
+
+#if MV_VMAX >= 8
+/* Two rows' lists over one panel of 64 lanes at once: twice the independent
+ * sums in flight, one call for both. */
+static void
+ISA(tile8x2)(const double *initA, const double *initB, const double *RESTRICT B, long ldb,
+             const int *RESTRICT ixA, const double *RESTRICT aA, int nA,
+             const int *RESTRICT ixB, const double *RESTRICT aB, int nB, double *outA, double *outB)
 {
-    int n = 0, k = c0;
+    V8 p[8], q[8];
+    UNROLL for (int v = 0; v < 8; v++) {
+        p[v] = LDU(initA + 8 * v);
+        q[v] = LDU(initB + 8 * v);
+    }
+    const int n = nA < nB ? nA : nB;
+    for (int j = 0; j < n; j++) {
+        const double *RESTRICT b = B + (size_t)ixA[j] * ldb, *RESTRICT c = B + (size_t)ixB[j] * ldb;
+        const double s = aA[j], t = aB[j];
+        UNROLL for (int v = 0; v < 8; v++) {
+            MADD(p[v], LD(b + 8 * v), s);
+            MADD(q[v], LD(c + 8 * v), t);
+        }
+    }
+    for (int j = n; j < nA; j++) {
+        const double *RESTRICT b = B + (size_t)ixA[j] * ldb;
+        const double s = aA[j];
+        UNROLL for (int v = 0; v < 8; v++)
+            MADD(p[v], LD(b + 8 * v), s);
+    }
+    for (int j = n; j < nB; j++) {
+        const double *RESTRICT c = B + (size_t)ixB[j] * ldb;
+        const double t = aB[j];
+        UNROLL for (int v = 0; v < 8; v++)
+            MADD(q[v], LD(c + 8 * v), t);
+    }
+    UNROLL for (int v = 0; v < 8; v++) {
+        STU(outA + 8 * v, p[v]);
+        STU(outB + 8 * v, q[v]);
+    }
+}
+#endif
+
+static void
+ISA(tile)(int V, const double *init, int first, double x0, const double *B, long ldb,
+          const int *ix, const double *a, int n, double *out)
+{
+    switch (V) {
+    case 1: ISA(tile1)(init, first, x0, B, ldb, ix, a, n, out); break;
+    case 2: ISA(tile2)(init, first, x0, B, ldb, ix, a, n, out); break;
+#if MV_VMAX >= 4
+    case 3: ISA(tile3)(init, first, x0, B, ldb, ix, a, n, out); break;
+    case 4: ISA(tile4)(init, first, x0, B, ldb, ix, a, n, out); break;
+#endif
+#if MV_VMAX >= 8
+    case 5: ISA(tile5)(init, first, x0, B, ldb, ix, a, n, out); break;
+    case 6: ISA(tile6)(init, first, x0, B, ldb, ix, a, n, out); break;
+    case 7: ISA(tile7)(init, first, x0, B, ldb, ix, a, n, out); break;
+    case 8: ISA(tile8)(init, first, x0, B, ldb, ix, a, n, out); break;
+#endif
+    }
+}
+#else
+static void
+ISA(tile)(int V, const double *init, int first, double x0, const double *B, long ldb,
+          const int *ix, const double *a, int n, double *out)
+{
+    double acc[8 * MV_VMAX];
+    for (int i = 0; i < 8 * V; i++)
+        acc[i] = first ? B[i] * x0 : init[i];
+    for (int j = 0; j < n; j++) {
+        const double *b = B + (size_t)ix[j] * ldb;
+        const double s = a[j];
+        for (int i = 0; i < 8 * V; i++)
+            acc[i] = acc[i] + b[i] * s;
+    }
+    for (int i = 0; i < 8 * V; i++)
+        out[i] = acc[i];
+}
+#endif
+
+/* The terms k in [k0, C) of one row x that count, ascending: their k into
+ * ix and x[k] into a (every k unless skip; NaN != 0 counts); returns how
+ * many. */
+static int
+ISA(row_list)(const double *x, int k0, int C, int skip, int *ix, double *a)
+{
+    int n = 0, k = k0;
     if (!skip) {
-        for (; k < C; k++)
-            ks[n++] = k;
+        for (; k < C; k++) {
+            ix[n] = k;
+            a[n++] = x[k];
+        }
         return n;
     }
 #if MV_LEVEL == 2 && defined(__x86_64__)
@@ -85,21 +211,19 @@ ISA(union_list)(const double *x, long ldx, int MR, int C, int c0, int skip, int 
         const __m512d z = _mm512_setzero_pd();
         __m256i kv = _mm256_add_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (; k + 8 <= C; k += 8) {
-            __mmask8 mk = 0;
-            for (int m = 0; m < MR; m++)     /* NaN != 0: counts as nonzero */
-                mk |= _mm512_cmp_pd_mask(_mm512_loadu_pd(x + m * ldx + k), z, _CMP_NEQ_UQ);
-            _mm256_mask_compressstoreu_epi32(ks + n, mk, kv);
+            const __m512d v = _mm512_loadu_pd(x + k);
+            const __mmask8 mk = _mm512_cmp_pd_mask(v, z, _CMP_NEQ_UQ);
+            _mm256_mask_compressstoreu_epi32(ix + n, mk, kv);
+            _mm512_mask_compressstoreu_pd(a + n, mk, v);
             n += __builtin_popcount(mk);
             kv = _mm256_add_epi32(kv, _mm256_set1_epi32(8));
         }
     }
 #endif
     for (; k < C; k++) {                    /* branch-free append */
-        int any = 0;
-        for (int m = 0; m < MR; m++)
-            any |= x[m * ldx + k] != 0.0;
-        ks[n] = k;
-        n += any;
+        ix[n] = k;
+        a[n] = x[k];
+        n += x[k] != 0.0;
     }
     return n;
 }
@@ -112,288 +236,271 @@ ISA(starts_negative_zero)(double x0, int w0neg, int w0pos)
     return x0 == 0.0 && (signbit(x0) ? w0pos : w0neg);
 }
 
-/* One tile of MR rows (MV_FWD_MR, or 1 for leftover rows). start: 0 the heads
- * hp, 1 the first product (k = 0), 2 what Y holds. */
+/* Where each block of KC terms starts in a list of n ascending ks:
+ * off[b] for b <= NB (off[NB] = n). */
 static void
-ISA(fwd_tile)(const double *RESTRICT wp, const double *RESTRICT hp, int R, int C, int start, int skip,
-                const double *X, long ldx, double *Y, long ldy, int MR, int *ks, int w0neg, int w0pos)
+ISA(block_offsets)(const int *ix, int n, int KC, int NB, int *off)
 {
-    enum { NR = MV_NR };
-    const int np = (R + NR - 1) / NR;
-    if (start == 1)
-        for (int m = 0; m < MR; m++)
-            if (ISA(starts_negative_zero)(X[m * ldx], w0neg, w0pos))
-                skip = 0;
-    const int n = ISA(union_list)(X, ldx, MR, C, start == 1, skip, ks);
-    for (int p = 0; p < np; p++) {
-        const double *RESTRICT w0 = wp + (size_t)p * C * NR;
-        const int e = mv_min(R - p * NR, NR);
-#ifdef VEC
-        if (MR == MV_FWD_MR) {
-            enum { M = MV_FWD_MR };
-            const double *xr[M];
-            V8 a[M][2];
-            UNROLL for (int m = 0; m < M; m++) {
-                xr[m] = X + m * ldx;
-                if (start == 0) {
-                    a[m][0] = LD(hp + p * NR);
-                    a[m][1] = LD(hp + p * NR + 8);
-                } else if (start == 1) {
-                    a[m][0] = MULS(LD(w0), xr[m][0]);
-                    a[m][1] = MULS(LD(w0 + 8), xr[m][0]);
-                } else {    /* the row has room for 16 values from here (padded) */
-                    a[m][0] = LDU(Y + m * ldy + p * NR);
-                    a[m][1] = LDU(Y + m * ldy + p * NR + 8);
-                }
-            }
-            for (int j = 0; j < n; j++) {
-                const int k = ks[j];
-                const double *RESTRICT wk = w0 + (size_t)k * NR;
-                const V8 v0 = LD(wk), v1 = LD(wk + 8);
-                UNROLL for (int m = 0; m < M; m++) {
-                    const double xb = xr[m][k];
-                    MADD(a[m][0], v0, xb);
-                    MADD(a[m][1], v1, xb);
-                }
-            }
-            UNROLL for (int m = 0; m < M; m++) {
-                double *y = Y + m * ldy + p * NR;
-                if (e == NR) {
-                    STU(y, a[m][0]);
-                    STU(y + 8, a[m][1]);
-                } else {
-                    double t[NR] ALIGN64;
-                    ST(t, a[m][0]);
-                    ST(t + 8, a[m][1]);
-                    memcpy(y, t, sizeof(double) * e);
-                }
-            }
-            continue;
+    off[0] = 0;
+    for (int b = 1; b < NB; b++) {      /* the first j with ix[j] >= b * KC */
+        int lo = off[b - 1], hi = n;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (ix[mid] < b * KC)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
-#endif
-        for (int m = 0; m < MR; m++) {   /* plain C, and leftover rows */
-            const double *x = X + m * ldx;
-            double *y = Y + m * ldy + p * NR;
-            double a[NR];
-            for (int i = 0; i < NR; i++)
-                a[i] = start == 0 ? hp[p * NR + i] : start == 1 ? w0[i] * x[0] : (i < e ? y[i] : 0.0);
-            for (int j = 0; j < n; j++) {
-                const double *wk = w0 + (size_t)ks[j] * NR;
-                const double xb = x[ks[j]];
-                for (int i = 0; i < NR; i++)
-                    a[i] = a[i] + wk[i] * xb;
+        off[b] = lo;
+    }
+    off[NB] = n;
+}
+
+/* Rows x lanes: out[r][i] (i < e) = a sum over the terms of row r's list in
+ * order, started from init; the panel's rows in blocks of KC (each block's
+ * B stays in L1 over all the rows; between blocks a row's sums wait in acc).
+ * init: 0 hp[i] for every row, 1 B[0][i] * x0[r] (the first product), 2 what
+ * out holds. Lanes past e are never stored (out may end there). */
+static void
+ISA(panel_rows)(int rows, const double *B, int nw, int e, int KC, int NB,
+                const int *ix, const double *a, int ldl, const int *off,
+                int init, const double *hp, const double *x0, long ldx0,
+                double *out, long ldo, double *acc, int kind)
+{
+    long long terms = 0;
+    for (int r = 0; r < rows; r++)
+        terms += off[r * (NB + 1) + NB] - off[r * (NB + 1)];
+    MV_COUNT(kind, terms * e);
+    for (int b = 0; b < NB; b++) {
+        const int last = b == NB - 1;
+        int r = 0;
+#if defined(VEC) && MV_VMAX >= 8
+        if (nw == 64 && e == 64 && !(b == 0 && init == 1))   /* whole panels: two rows a call */
+            for (; r + 2 <= rows; r += 2) {
+                const int *oA = off + r * (NB + 1), *oB = oA + (NB + 1);
+                double *outa = out + r * ldo, *outb = outa + ldo;
+                double *acca = acc + (size_t)r * MV_PW, *accb = acca + MV_PW;
+                const double *fa = b > 0 ? acca : init == 0 ? hp : outa;
+                const double *fb = b > 0 ? accb : init == 0 ? hp : outb;
+                ISA(tile8x2)(fa, fb, B, nw, ix + (size_t)r * ldl + oA[b], a + (size_t)r * ldl + oA[b],
+                             oA[b + 1] - oA[b], ix + (size_t)(r + 1) * ldl + oB[b], a + (size_t)(r + 1) * ldl + oB[b],
+                             oB[b + 1] - oB[b], last ? outa : acca, last ? outb : accb);
             }
-            for (int i = 0; i < e; i++)
-                y[i] = a[i];
+#endif
+        for (; r < rows; r++) {
+            const int *o = off + r * (NB + 1);
+            const int j0 = o[b], n = o[b + 1] - j0;
+            double *o_r = out + r * ldo, *acc_r = acc + (size_t)r * MV_PW;
+            for (int s0 = 0; s0 < nw; s0 += 8 * MV_VMAX) {
+                const int V = mv_min(MV_VMAX, (nw - s0) / 8), full = s0 + 8 * V <= e;
+                const double *from = acc_r + s0;
+                int first = 0;
+                if (b == 0) {
+                    if (init == 0)
+                        from = hp + s0;
+                    else if (init == 1)
+                        first = 1;
+                    else if (full)
+                        from = o_r + s0;
+                    else {              /* out may end at e: only e lanes are read */
+                        memset(acc_r + s0, 0, sizeof(double) * 8 * V);
+                        memcpy(acc_r + s0, o_r + s0, sizeof(double) * (e - s0));
+                    }
+                }
+                double *to = last && full ? o_r + s0 : acc_r + s0;
+                ISA(tile)(V, from, first, first ? x0[r * ldx0] : 0.0, B + s0, nw,
+                          ix + (size_t)r * ldl + j0, a + (size_t)r * ldl + j0, n, to);
+                if (last && !full)
+                    memcpy(o_r + s0, acc_r + s0, sizeof(double) * (e - s0));
+            }
         }
     }
 }
 
+/* The rows of a chunk, their lists and offsets (scratch of MV_RCH rows). */
+typedef struct {
+    int *ix, *off;
+    double *a, *acc;
+} ISA(Lists);
+
+static ISA(Lists)
+ISA(lists_in)(void *scratch, int L, int NB)
+{
+    ISA(Lists) s;
+    char *p = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    s.acc = (double *)p;
+    p += mv_align64(sizeof(double) * MV_RCH * MV_PW);
+    s.a = (double *)p;
+    p += mv_align64(sizeof(double) * (size_t)MV_RCH * L);
+    s.ix = (int *)p;
+    p += mv_align64(sizeof(int) * (size_t)MV_RCH * L);
+    s.off = (int *)p;
+    (void)NB;
+    return s;
+}
+
+/* Forward, rows r0 <= r < r1: y = heads + W x for each, over the packed
+ * panels of 64 neurons (kernels.c: mv_pack_fwd). Each row lists its own
+ * nonzero x (the terms that count): the work follows the nonzeros of each
+ * row, not of a tile of rows. start: 0 the heads hp, 1 the first product
+ * (k = 0), 2 what Y holds. */
 static void
 ISA(mv_fwd)(const double *wp, const double *hp, int R, int C, int start, int skip,
-              const double *X, long ldx, double *Y, long ldy, int r0, int r1, void *scratch)
+            const double *X, long ldx, double *Y, long ldy, int r0, int r1, void *scratch)
 {
-    int *ks = (int *)scratch;
+    const int R8 = (R + 7) & ~7, NP = (R8 + MV_PW - 1) / MV_PW;
+    const int KC = mv_max(8, MV_L1_DOUBLES / mv_min(MV_PW, R8)), NB = (C + KC - 1) / KC;
     int w0neg = 0, w0pos = 0;
     if (start == 1)
         for (int n = 0; n < R; n++) {
-            const double w = wp[(size_t)(n / MV_NR) * C * MV_NR + n % MV_NR];
+            const double w = wp[(size_t)(n / MV_PW) * MV_PW * C + n % MV_PW];   /* W[n][0] */
             w0neg |= signbit(w) != 0;
             w0pos |= !signbit(w);
         }
-    int r = r0;
-    for (; r + MV_FWD_MR <= r1; r += MV_FWD_MR)
-        ISA(fwd_tile)(wp, hp, R, C, start, skip, X + r * ldx, ldx, Y + r * ldy, ldy, MV_FWD_MR, ks,
-                        w0neg, w0pos);
-    for (; r < r1; r++)
-        ISA(fwd_tile)(wp, hp, R, C, start, skip, X + r * ldx, ldx, Y + r * ldy, ldy, 1, ks, w0neg, w0pos);
-}
-
-/* Gradient of x: tiles of MR rows x 16 inputs; the neurons j (in the
- * interpreter's order) where any row's gy is nonzero are listed once, with
- * the rows' gy values gathered. */
-static void
-ISA(bgx_tile)(const double *RESTRICT wq, const int *perm, int R, int C, int skip, const double *GY,
-                long ldgy, double *GX, long ldgx, int MR, int *js, double *gs)
-{
-    enum { NK = MV_BGX_NK };
-    const int nq = (C + NK - 1) / NK;
-    int n = 0;
-    for (int j = 0; j < R; j++) {           /* branch-free append */
-        const int nn = perm[j];
-        int any = !skip;
-        for (int m = 0; m < MR; m++) {
-            gs[n * MR + m] = GY[m * ldgy + nn];
-            any |= GY[m * ldgy + nn] != 0.0;
+    ISA(Lists) s = ISA(lists_in)(scratch, C, NB);
+    for (int c0 = r0; c0 < r1; c0 += MV_RCH) {
+        const int rows = mv_min(MV_RCH, r1 - c0);
+        for (int r = 0; r < rows; r++) {
+            const double *x = X + (c0 + r) * ldx;
+            /* a row whose sums may start at -0.0 adds its zeros too */
+            const int sk = skip && !(start == 1 && ISA(starts_negative_zero)(x[0], w0neg, w0pos));
+            const int n = ISA(row_list)(x, start == 1, C, sk, s.ix + (size_t)r * C, s.a + (size_t)r * C);
+            ISA(block_offsets)(s.ix + (size_t)r * C, n, KC, NB, s.off + r * (NB + 1));
         }
-        js[n] = j;
-        n += any;
-    }
-    for (int q = 0; q < nq; q++) {
-        const double *RESTRICT w0 = wq + (size_t)q * R * NK;
-        const int e = mv_min(C - q * NK, NK);
-#ifdef VEC
-        if (MR == MV_BGX_MR) {
-            enum { M = MV_BGX_MR, NV = NK / 8 };
-            V8 a[M][NV];
-            UNROLL for (int m = 0; m < M; m++) {
-                double *gx = GX + m * ldgx + q * NK;
-                if (e == NK) {
-                    UNROLL for (int v = 0; v < NV; v++) a[m][v] = LDU(gx + 8 * v);
-                } else {
-                    double t[NK] ALIGN64;
-                    memset(t, 0, sizeof t);
-                    memcpy(t, gx, sizeof(double) * e);
-                    UNROLL for (int v = 0; v < NV; v++) a[m][v] = LD(t + 8 * v);
-                }
-            }
-            for (int i = 0; i < n; i++) {
-                const double *RESTRICT wj = w0 + (size_t)js[i] * NK;
-                const double *RESTRICT gi = gs + i * M;
-                V8 wv[NV];
-                UNROLL for (int v = 0; v < NV; v++) wv[v] = LD(wj + 8 * v);
-                UNROLL for (int m = 0; m < M; m++) {
-                    const double gb = gi[m];
-                    UNROLL for (int v = 0; v < NV; v++) MADD(a[m][v], wv[v], gb);
-                }
-            }
-            UNROLL for (int m = 0; m < M; m++) {
-                double *gx = GX + m * ldgx + q * NK;
-                if (e == NK) {
-                    UNROLL for (int v = 0; v < NV; v++) STU(gx + 8 * v, a[m][v]);
-                } else {
-                    double t[NK] ALIGN64;
-                    UNROLL for (int v = 0; v < NV; v++) ST(t + 8 * v, a[m][v]);
-                    memcpy(gx, t, sizeof(double) * e);
-                }
-            }
-            continue;
-        }
-#endif
-        for (int m = 0; m < MR; m++) {      /* plain C, and leftover rows */
-            double a[NK];
-            double *gx = GX + m * ldgx + q * NK;
-            for (int i = 0; i < e; i++)
-                a[i] = gx[i];
-            for (int i = 0; i < n; i++) {
-                const double *wj = w0 + (size_t)js[i] * NK;
-                const double gb = gs[i * MR + m];
-                for (int k = 0; k < e; k++)
-                    a[k] = a[k] + wj[k] * gb;
-            }
-            for (int i = 0; i < e; i++)
-                gx[i] = a[i];
+        for (int q = 0; q < NP; q++) {
+            const int n0 = q * MV_PW, nw = mv_min(MV_PW, R8 - n0), e = mv_min(R - n0, nw);
+            ISA(panel_rows)(rows, wp + (size_t)n0 * C, nw, e, KC, NB, s.ix, s.a, C, s.off,
+                            start, hp ? hp + n0 : NULL, X + c0 * ldx, ldx, Y + c0 * ldy + n0, ldy, s.acc, 0);
         }
     }
 }
 
+/* Gradient of x, rows r0 <= r < r1: gx[k] += the sum over the neurons j in
+ * the interpreter's backward order of gy[j] * W[j][k], each row listing its
+ * own nonzero gy (ReLU's zeros), over panels of 64 inputs (mv_pack_bgx). */
 static void
 ISA(mv_bgx)(const double *wq, const int *perm, int R, int C, int skip, const double *GY, long ldgy,
-              double *GX, long ldgx, int r0, int r1, void *scratch)
+            double *GX, long ldgx, int r0, int r1, void *scratch)
 {
-    int *js = (int *)scratch;
-    double *gs = (double *)((char *)scratch + mv_align64(sizeof(int) * (R + 16)));
-    int r = r0;
-    for (; r + MV_BGX_MR <= r1; r += MV_BGX_MR)
-        ISA(bgx_tile)(wq, perm, R, C, skip, GY + r * ldgy, ldgy, GX + r * ldgx, ldgx, MV_BGX_MR, js, gs);
-    for (; r < r1; r++)
-        ISA(bgx_tile)(wq, perm, R, C, skip, GY + r * ldgy, ldgy, GX + r * ldgx, ldgx, 1, js, gs);
+    const int C8 = (C + 7) & ~7, NP = (C8 + MV_PW - 1) / MV_PW;
+    const int JC = mv_max(8, MV_L1_DOUBLES / mv_min(MV_PW, C8)), NB = (R + JC - 1) / JC;
+    ISA(Lists) s = ISA(lists_in)(scratch, R, NB);
+    for (int c0 = r0; c0 < r1; c0 += MV_RCH) {
+        const int rows = mv_min(MV_RCH, r1 - c0);
+        for (int r = 0; r < rows; r++) {
+            const double *gy = GY + (c0 + r) * ldgy;
+            int *ix = s.ix + (size_t)r * R, n = 0;
+            double *a = s.a + (size_t)r * R;
+            for (int j = 0; j < R; j++) {   /* branch-free append */
+                const double g = gy[perm[j]];
+                ix[n] = j;
+                a[n] = g;
+                n += !skip | (g != 0.0);
+            }
+            ISA(block_offsets)(ix, n, JC, NB, s.off + r * (NB + 1));
+        }
+        for (int q = 0; q < NP; q++) {
+            const int k0 = q * MV_PW, nw = mv_min(MV_PW, C8 - k0), e = mv_min(C - k0, nw);
+            ISA(panel_rows)(rows, wq + (size_t)k0 * R, nw, e, JC, NB, s.ix, s.a, R, s.off,
+                            2, NULL, NULL, 0, GX + c0 * ldgx + k0, ldgx, s.acc, 1);
+        }
+    }
 }
 
 /* Gradient of W: GW[k*ldgw + n] += x_i[k] * gy_i[n] over the virtual rows
  * i < n_rows in order (a block's rows, and within a row the uses of W in
- * the interpreter's backward order). Tile: 16 inputs of a group x 16
- * neurons. For each group the rows whose 16 x values are not all zero (or
- * whose gy is not finite) are listed once, in order, with the values packed;
- * every 16-neuron panel p0 <= p < p1 then runs over that list. gy rows have
- * room for round16(R) values, zero past R. */
+ * the interpreter's backward order), for the inputs of groups g0 <= g < g1
+ * and the neurons of 16-lane panels p0 <= p < p1. The rows go in blocks
+ * whose gy (packed, 64 neurons a panel) stay in L1; in each, every input
+ * lists the rows where its x is nonzero (or gy not finite), so the work
+ * follows the nonzeros of each input. gy rows have room for round16(R)
+ * values, zero past R. */
 static void
 ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *const *gyrow, double *GW,
-              long ldgw, const int *groups, int g0, int g1, int p0, int p1, void *scratch)
+            long ldgw, const int *groups, int g0, int g1, int p0, int p1, void *scratch)
 {
-    enum { MK = MV_BGW_MK, NR = MV_NR };
-    const int G = g1 - g0;
-    if (G <= 0 || p1 <= p0 || n_rows <= 0)
+    const int L0 = p0 * MV_NR, L1 = mv_min(p1 * MV_NR, R);
+    if (g1 <= g0 || L1 <= L0 || n_rows <= 0)
         return;
-    int *cnt = (int *)scratch, *list = cnt + G;                       /* list[g * n_rows + i] */
-    double *xv = (double *)((char *)scratch + mv_align64(sizeof(int) * (size_t)G * (n_rows + 1)));
-    char *gyfin = (char *)(xv + (size_t)G * n_rows * MK);
-    for (int r = 0; r < n_rows; r++)
-        gyfin[r] = (char)mv_all_finite(gyrow[r], R);
-    for (int g = 0; g < G; g++)
-        cnt[g] = 0;
-    /* 1. one pass over the rows, in order: each group's list of the rows
-     *    where any of its x is nonzero (or gy not finite), values packed.
-     *    Branch-free: the slot is always written, kept only when listed. */
-    for (int r = 0; r < n_rows; r++) {
-        const double *x = xrow[r];
-        for (int g = 0; g < G; g++) {
-            const int *cols = groups + (size_t)(g0 + g) * MK;
-            double *d = xv + ((size_t)g * n_rows + cnt[g]) * MK;
-            int any = !gyfin[r];
-            for (int m = 0; m < MK; m++) {
-                const double v = cols[m] >= 0 ? x[cols[m]] : 0.0;
-                d[m] = v;
-                any |= v != 0.0;              /* NaN != 0: listed */
+    const int W8 = (L1 - L0 + 7) & ~7, NP = (W8 + MV_BGW_PW - 1) / MV_BGW_PW;
+    const int RB = mv_min(MV_RB_MAX, MV_L1_DOUBLES / mv_min(MV_BGW_PW, W8));
+    char *p = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);   /* after the row pointers */
+    double *gyp = (double *)p;                        /* [panel][row][nw] */
+    p += mv_align64(sizeof(double) * (size_t)RB * W8);
+    double *acc = (double *)p;
+    p += mv_align64(sizeof(double) * MV_BGW_PW);
+    const int K = (g1 - g0) * MV_BGW_MK;
+    double *a = (double *)p;                          /* [input][row] */
+    p += mv_align64(sizeof(double) * (size_t)K * RB);
+    int *ix = (int *)p;
+    p += mv_align64(sizeof(int) * (size_t)K * RB);
+    double *xt = (double *)p;                         /* [input][row] */
+    p += mv_align64(sizeof(double) * (size_t)K * RB);
+    int *cnt = (int *)p;
+    p += mv_align64(sizeof(int) * (size_t)K);
+    char *gyfin = p;
+    const int *cols = groups + (size_t)g0 * MV_BGW_MK;
+    (void)C;
+    for (int i0 = 0; i0 < n_rows; i0 += RB) {
+        const int nb = mv_min(RB, n_rows - i0);
+        for (int i = 0; i < nb; i++) {
+            const double *g = gyrow[i0 + i] + L0;
+            gyfin[i] = (char)mv_all_finite(gyrow[i0 + i], R);
+            for (int q = 0; q < NP; q++) {
+                const int nw = mv_min(MV_BGW_PW, W8 - q * MV_BGW_PW);
+                memcpy(gyp + (size_t)q * MV_BGW_PW * RB + (size_t)i * nw, g + q * MV_BGW_PW, sizeof(double) * nw);
             }
-            list[(size_t)g * n_rows + cnt[g]] = r;
-            cnt[g] += any;
         }
-    }
-    /* 2. each group: every 16-neuron panel over its list */
-    for (int g = 0; g < G; g++) {
-        const int *ks = groups + (size_t)(g0 + g) * MK;
-        const int n = cnt[g];
-        const int *lg = list + (size_t)g * n_rows;
-        const double *xg = xv + (size_t)g * n_rows * MK;
-        for (int p = p0; p < p1; p++) {
-#ifdef VEC
-            /* BGW_PART inputs at a time (clang: half a group, whose 16
-             * accumulators and two gy vectors fit the registers; a whole
-             * group's 32 made it spill, 1.85x the time, while gcc is faster
-             * with them); each weight still sums its rows in order */
-            for (int h = 0; h < MK; h += BGW_PART) {
-                V8 a[BGW_PART][2];
-                UNROLL for (int m = 0; m < BGW_PART; m++) {
-                    const double *gw = GW + (size_t)(ks[h + m] >= 0 ? ks[h + m] : 0) * ldgw + p * NR;
-                    a[m][0] = LD(gw);
-                    a[m][1] = LD(gw + 8);
-                }
-                for (int i = 0; i < n; i++) {
-                    const double *RESTRICT gr = gyrow[lg[i]] + p * NR;
-                    const double *RESTRICT xi = xg + (size_t)i * MK + h;
-                    const V8 g0v = LDU(gr), g1v = LDU(gr + 8);
-                    UNROLL for (int m = 0; m < BGW_PART; m++) {
-                        const double xb = xi[m];
-                        MADD(a[m][0], g0v, xb);
-                        MADD(a[m][1], g1v, xb);
+        /* x of the block's rows by input (xt[c][i], a transpose in tiles of
+         * 8 x 8: each row's cache lines read in order), then each input's
+         * list of rows, in order, as a row's list is built */
+        int any_nonfinite = 0;
+        for (int i = 0; i < nb; i++)
+            any_nonfinite |= !gyfin[i];
+        for (int ib = 0; ib < nb; ib += 8) {
+            const int ie = mv_min(8, nb - ib);
+            for (int c0 = 0; c0 < K; c0 += 8)
+                for (int i = 0; i < ie; i++) {
+                    const double *x = xrow[i0 + ib + i];
+                    UNROLL for (int c = 0; c < 8; c++) {
+                        const int k = cols[c0 + c];
+                        xt[(size_t)(c0 + c) * RB + ib + i] = k >= 0 ? x[k] : 0.0;
                     }
                 }
-                UNROLL for (int m = 0; m < BGW_PART; m++)
-                    if (ks[h + m] >= 0) {        /* absent inputs are not stored */
-                        double *gw = GW + (size_t)ks[h + m] * ldgw + p * NR;
-                        ST(gw, a[m][0]);
-                        ST(gw + 8, a[m][1]);
-                    }
-            }
-#else
-            for (int m = 0; m < MK; m++) {
-                if (ks[m] < 0)
+        }
+        for (int c = 0; c < K; c++) {
+            const double *xc = xt + (size_t)c * RB;
+            int *ixc = ix + (size_t)c * RB, n = 0;
+            double *ac = a + (size_t)c * RB;
+            if (!any_nonfinite)
+                n = ISA(row_list)(xc, 0, nb, 1, ixc, ac);
+            else
+                for (int i = 0; i < nb; i++) {     /* a row whose gy is not finite: every term */
+                    ixc[n] = i;
+                    ac[n] = xc[i];
+                    n += !gyfin[i] | (xc[i] != 0.0);   /* NaN != 0: listed */
+                }
+            cnt[c] = n;
+        }
+        for (int q = 0; q < NP; q++) {
+            const int n0 = q * MV_BGW_PW, nw = mv_min(MV_BGW_PW, W8 - n0), e = mv_min(L1 - L0 - n0, nw);
+            const double *B = gyp + (size_t)q * MV_BGW_PW * RB;
+            long long terms = 0;
+            for (int c = 0; c < K; c++)
+                terms += cols[c] >= 0 ? cnt[c] : 0;
+            MV_COUNT(2, terms * e);
+            for (int c = 0; c < K; c++) {
+                if (cols[c] < 0 || cnt[c] == 0)
                     continue;
-                double *gw = GW + (size_t)ks[m] * ldgw + p * NR;
-                double a[NR];
-                for (int i = 0; i < NR; i++)
-                    a[i] = gw[i];
-                for (int i = 0; i < n; i++) {
-                    const double *gr = gyrow[lg[i]] + p * NR;
-                    const double xb = xg[(size_t)i * MK + m];
-                    for (int t = 0; t < NR; t++)
-                        a[t] = a[t] + gr[t] * xb;
+                double *gw = GW + (size_t)cols[c] * ldgw + L0 + n0;   /* room for round16(R) */
+                for (int s0 = 0; s0 < nw; s0 += 8 * MV_VMAX) {
+                    const int V = mv_min(MV_VMAX, (nw - s0) / 8), full = s0 + 8 * V <= e;
+                    ISA(tile)(V, gw + s0, 0, 0.0, B + s0, nw, ix + (size_t)c * RB, a + (size_t)c * RB, cnt[c],
+                              full ? gw + s0 : acc);
+                    if (!full)                /* the padding of GW stays 0 */
+                        memcpy(gw + s0, acc, sizeof(double) * (e - s0));
                 }
-                for (int i = 0; i < NR; i++)
-                    gw[i] = a[i];
             }
-#endif
         }
     }
 }
@@ -442,7 +549,7 @@ static const MatVecKernels ISA(kernels) = {MV_STR(MV_ISA), ISA(mv_fwd), ISA(mv_b
 #undef MADD
 #undef ADDV
 #undef UNROLL
-#undef BGW_PART
+#undef MV_VMAX
 #undef RESTRICT
 #undef ALIGN64
 #if MV_LEVEL >= 1 && defined(__x86_64__)
