@@ -165,3 +165,58 @@ def test_a_command_started_in_its_own_group_dies_with_its_parent(tmp_path):
         proc.kill()
         proc.wait()
     assert_gone_within_a_second(pids)
+
+
+PARALLEL = textwrap.dedent('''\
+    import sys
+    import compiler
+    from micrograd import Value, nn
+    model = nn.MLP(4, [3, 2], seed=0)
+    xs = [Value(0.0) for _ in range(4)]
+    out = model(xs)
+    compiler.compile(out[0] * out[1], xs, model.parameters(), cc=sys.argv[1])
+''')
+
+
+@needs_cc
+def test_ctrl_c_stops_every_part_of_a_parallel_build_at_once(tmp_path, fresh_cache):
+    """A build in several translation units compiles them on threads; Ctrl-C
+    reaches only the main thread, which must stop the other threads'
+    compilers instead of waiting for them (issue 21.12: a microgpt build
+    took 5-7 s to stop)."""
+    real = shutil.which(FAST_CC)
+    cc = tmp_path / 'slowcc'
+    cc.write_text(textwrap.dedent(f'''\
+        #!/bin/sh
+        case "$1" in -E|--version|-v) exec {real} "$@";; esac
+        sleep 60 &
+        echo $! >> {tmp_path}/children
+        echo $$ >> {tmp_path}/drivers
+        wait
+        '''))
+    cc.chmod(0o755)
+    env = {**os.environ, 'MICROGRAD_CACHE_DIR': fresh_cache,
+           'PYTHONPATH': os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))}
+    env.pop('MICROGRAD_CACHE', None)
+    proc = subprocess.Popen([sys.executable, '-c', PARALLEL, str(cc)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    drivers = tmp_path / 'drivers'
+    while not drivers.exists() or len(drivers.read_text().split()) < 2:     # two parts at once
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the parallel build did not start: {proc.communicate()}")
+        time.sleep(0.01)
+    pids = [int(p) for name in ('drivers', 'children') for p in (tmp_path / name).read_text().split()]
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("Ctrl-C waited for the other parts' compilers") from None
+    finally:
+        proc.kill()
+    assert time.monotonic() - start < 3, "Ctrl-C waited for the other parts' compilers"
+    assert 'KeyboardInterrupt' in err
+    time.sleep(0.2)
+    assert not [pid for pid in pids if alive(pid)], "a compiler outlived the interrupted build"

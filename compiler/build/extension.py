@@ -19,7 +19,7 @@ from compiler.build.cache import (cache_chosen, cache_dir, cache_disabled, cache
                                   describe, entry_lock, evict, is_out_of_space, record, sweep_temporaries,
                                   touch, trusted, warn_fallback)
 from compiler.build.errors import CacheError
-from compiler.build.process import usable_cores
+from compiler.build.process import kill_commands_of, usable_cores
 from compiler.build.request import ANNOUNCE_AFTER, BuildRequest
 from compiler.build.run import run_compiler
 from compiler.build.verify import program_hash
@@ -134,14 +134,31 @@ def _objects(request, folder, *, cached):
     if not parts:
         return None
     progress = request.progress if request.estimate > ANNOUNCE_AFTER else None
+    workers, stopping = set(), threading.Event()
+
+    def unit(name, text):
+        if stopping.is_set():
+            raise concurrent.futures.CancelledError()
+        workers.add(threading.get_ident())
+        return _object(request, name, text, folder, cached=cached)
     with concurrent.futures.ThreadPoolExecutor(max(1, min(len(parts), usable_cores()))) as pool:
-        futures = [pool.submit(_object, request, name, text, folder, cached=cached) for name, text in parts]
-        told = 0
-        for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
-            if progress and done * 4 // len(futures) > told:     # at each quarter
-                told = done * 4 // len(futures)
-                progress(f"compiled {done} of {len(futures)} parts")
-        return [f.result() for f in futures]
+        futures = [pool.submit(unit, name, text) for name, text in parts]
+        try:
+            told = 0
+            for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
+                if progress and done * 4 // len(futures) > told:     # at each quarter
+                    told = done * 4 // len(futures)
+                    progress(f"compiled {done} of {len(futures)} parts")
+            return [f.result() for f in futures]
+        except BaseException:
+            # Ctrl-C, SIGTERM or a failed unit: the other units' compilers
+            # are stopped now, not waited for (a big build's would run on for
+            # seconds after a Ctrl-C)
+            stopping.set()
+            for f in futures:
+                f.cancel()
+            kill_commands_of(workers)
+            raise
 
 
 def _object(request, name, text, folder, *, cached):

@@ -82,6 +82,9 @@ def run_in_own_group(cmd, timeout=None, cwd=None, with_children=True):
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, errors='replace', cwd=cwd,
                             start_new_session=True, preexec_fn=preexec)
+    me = threading.get_ident()
+    with _waiting_lock:
+        _waiting[me] = proc
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -92,7 +95,27 @@ def run_in_own_group(cmd, timeout=None, cwd=None, with_children=True):
         kill_process_group(proc)
         proc.wait()
         raise
+    finally:
+        with _waiting_lock:
+            _waiting.pop(me, None)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+# thread ident -> the command that thread waits for in run_in_own_group. A
+# signal (Ctrl-C) reaches only the main thread: commands that other threads
+# run for it (the translation units of one build, in parallel) are killed
+# through this, so that it need not wait for them to finish.
+_waiting = {}
+_waiting_lock = threading.Lock()
+
+
+def kill_commands_of(threads):
+    """Kill the process groups of the commands the threads ``threads``
+    (idents) are waiting for in ``run_in_own_group``; they then return at once."""
+    with _waiting_lock:
+        procs = [_waiting[t] for t in threads if t in _waiting]
+    for proc in procs:
+        kill_process_group(proc)
 
 
 def kill_process_group(proc):
