@@ -5,8 +5,9 @@ works from, with neither ``micrograd`` nor ``compiler`` installed.
 
 - ``nn.c``: the exact C source, with the model's current parameters as the
   module's initial ones; it states its own floating-point contract, so
-  building it by hand (``cc -O2 -shared -fPIC -I$(python3-config
-  --includes) nn.c -o nn.abi3.so``) gives the same bits;
+  building it by hand (``cc -O2 -shared -fPIC -DNN_PYTHON $(python3-config
+  --includes) nn.c -o nn.abi3.so``) gives the same bits; without
+  ``-DNN_PYTHON`` it is plain C, the library ``nn.h`` declares;
 - ``nn.abi3.so``: that source built (CPython's stable ABI, 3.11 and later),
   so ``sys.path.insert(0, folder); import nn`` works;
 - ``nn.json``: what it is (``FORMAT``'s keys, below).

@@ -1,5 +1,4 @@
-"""The C core of nn.c has no Python in it: built with -DNN_NO_PYTHON (and
--DNN_NO_THREADS), a plain C program that includes only nn.h (emit_header)
+"""nn.c is plain C: built with no define at all (or -DNN_NO_THREADS), a plain C program that includes only nn.h (emit_header)
 drives two states of one model through the nn_ functions and gets the
 Python module's bits."""
 import shutil
@@ -65,7 +64,7 @@ def test_a_c_program_drives_two_states_of_the_core_to_the_modules_bits(tmp_path,
     (tmp_path / 'nn.c').write_text(str(source))
     (tmp_path / 'nn.h').write_text(emit_header(source))
     (tmp_path / 'main.c').write_text(MAIN)
-    flags = ['-DNN_NO_PYTHON'] + ([] if threads else ['-DNN_NO_THREADS'])
+    flags = [] if threads else ['-DNN_NO_THREADS']
     libs = ['-lm'] + (['-lpthread'] if threads else [])
     exe = tmp_path / 'main'
     # no Python include folder: the core must not need it
@@ -101,7 +100,7 @@ def test_nn_h_declares_the_api_for_cpp_too(tmp_path):
     (tmp_path / 'nn.h').write_text(emit_header(source))
     (tmp_path / 'main.cpp').write_text(MAIN.replace('void *a = malloc', 'void *a = std::malloc')
                                        .replace('#include <stdlib.h>', '#include <cstdlib>'))
-    for command in (['gcc', '-c', '-w', '-DNN_NO_PYTHON', 'nn.c'],
+    for command in (['gcc', '-c', '-w', 'nn.c'],
                     ['g++', '-w', '-o', 'main', 'main.cpp', 'nn.o', '-lm', '-lpthread']):
         done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr

@@ -129,8 +129,8 @@ def test_nn_c_built_by_hand_with_plain_flags_gives_the_same_bits(trained, tmp_pa
         out = tmp_path / '-'.join(f.strip('-') for f in flags)
         out.mkdir()
         shutil.copy(folder / 'nn.c', out)
-        r = subprocess.run([cc, *flags, '-shared', '-fPIC', '-I', include, 'nn.c', '-o', 'nn.abi3.so', '-lm'],
-                           cwd=out, capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cc, *flags, '-shared', '-fPIC', '-DNN_PYTHON', '-I', include, 'nn.c', '-o', 'nn.abi3.so',
+                            '-lm'], cwd=out, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert run_bare(out, X[:4], tmp_path) == expected, (cc, flags)
 
@@ -138,7 +138,7 @@ def test_nn_c_built_by_hand_with_plain_flags_gives_the_same_bits(trained, tmp_pa
 @pytest.mark.parametrize('cc', [c for c in COMPILERS if c != 'tcc'])
 def test_fast_math_is_refused_by_the_source_itself(trained, tmp_path, cc):
     m, folder = trained
-    r = subprocess.run([cc, '-O2', '-ffast-math', '-shared', '-fPIC', '-I', sysconfig.get_paths()['include'],
+    r = subprocess.run([cc, '-O2', '-ffast-math', '-shared', '-fPIC', '-DNN_PYTHON', '-I', sysconfig.get_paths()['include'],
                         str(folder / 'nn.c'), '-o', str(tmp_path / 'x.so')], capture_output=True, text=True)
     assert r.returncode != 0 and 'fast-math' in r.stderr
 
