@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler.codegen import emit_header
 from compiler.export import ExportError
 from micrograd import Value, cross_entropy
 from micrograd.nn import MLP
@@ -76,10 +77,13 @@ def run_bare(folder, rows, tmp_path, python=sys.executable):
     return json.loads(r.stdout)
 
 
-def test_an_export_holds_the_three_files_and_nn_json_says_what_it_is(trained):
+def test_an_export_holds_the_four_files_and_nn_json_says_what_it_is(trained):
     m, folder = trained
-    assert sorted(os.listdir(folder)) == ['nn.abi3.so', 'nn.c', 'nn.json']
+    assert sorted(os.listdir(folder)) == ['nn.abi3.so', 'nn.c', 'nn.h', 'nn.json']
+    source = (folder / 'nn.c').read_text()
+    assert (folder / 'nn.h').read_text() == emit_header(source)     # the C API of the nn.c beside it
     info = json.loads((folder / 'nn.json').read_text())
+    assert info['header'] == 'nn.h'
     for key in ('format', 'generator', 'program_hash', 'n_inputs', 'n_params', 'n_outputs',
                 'input_labels', 'param_labels', 'compiler', 'flags'):
         assert key in info, key
