@@ -108,3 +108,28 @@ def test_nn_h_declares_the_api_for_cpp_too(tmp_path):
     assert run.returncode == 0, run.stderr
     m.set_input([0.25 * i - 1.0 for i in range(5)])
     assert float.fromhex(run.stdout.split()[0]) == m.forward()
+
+
+@pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('nm')), reason='needs gcc and nm')
+def test_plain_cc_builds_the_library_and_nn_python_the_module(tmp_path):
+    """No define: the nn_ functions exported, no CPython module; -DNN_PYTHON
+    (what the compiler's builds pass): the module, the nn_ functions hidden."""
+    import sysconfig
+    m = compile_graph(mlp_builder([3, 4, 2]), 5, list(np.linspace(-1, 1, 26)), FAST_CC)
+    (tmp_path / 'nn.c').write_text(str(emit_module(m.program, initial_params=m.params())))
+
+    def exported_names(*flags):
+        done = subprocess.run(['gcc', '-c', '-fPIC', '-w', *flags, '-o', 'nn.o', 'nn.c'], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        done = subprocess.run(['gcc', '-shared', '-o', 'nn.so', 'nn.o', '-lm', '-lpthread'], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        names = subprocess.run(['nm', '-D', '--defined-only', 'nn.so'], capture_output=True, text=True,
+                               cwd=tmp_path).stdout.split()
+        return set(names)
+
+    plain = exported_names()
+    assert 'nn_init' in plain and 'nn_train_batch' in plain and 'PyInit_nn' not in plain
+    module = exported_names('-DNN_PYTHON', '-I', sysconfig.get_paths()['include'])
+    assert 'PyInit_nn' in module and 'nn_init' not in module

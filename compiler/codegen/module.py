@@ -36,7 +36,7 @@ from compiler.templates import read_template
 
 __all__ = ['emit_module', 'emit_header', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
 
-GENERATOR_VERSION = '4'
+GENERATOR_VERSION = '5'   # 5: nn.c is plain C; its CPython module needs -DNN_PYTHON
 
 # The fixed C of the module unit, in order: before the program, after it, and the Python glue.
 _BEFORE = ('contract.h', 'kernels_api.c', 'program.h', 'state.h', 'pool.c', 'optimizer.c')
