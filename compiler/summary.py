@@ -116,7 +116,8 @@ def summary_html(model):
     right = (False, False, False, True, False)       # the params column, as numbers
 
     def cells(tag, r):
-        return ''.join(f'<{tag} style="text-align: {"right" if right[c] else "left"}">{html.escape(v)}</{tag}>'
+        return ''.join(f'<{tag} style="text-align: {"right" if right[c] else "left"}">'
+                       f'{html.escape(v)}</{tag}>'
                        for c, v in enumerate(r))
     return '\n'.join(['<table>', f'<thead><tr>{cells("th", head)}</tr></thead>', '<tbody>',
                       *[f'<tr>{cells("td", r)}</tr>' for r in rows], '</tbody>', '</table>',

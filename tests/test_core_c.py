@@ -1,5 +1,5 @@
-"""nn.c is plain C: built with no define at all (or -DNN_NO_THREADS), a plain C program that includes only nn.h (emit_header)
-drives two states of one model through the nn_ functions and gets the
+"""nn.c is plain C: built with no define at all (or -DNN_NO_THREADS), a C
+program that includes only nn.h (emit_header) drives two states of one model through the nn_ functions and gets the
 Python module's bits."""
 import shutil
 import subprocess

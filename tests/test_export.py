@@ -142,7 +142,8 @@ def test_nn_c_built_by_hand_with_plain_flags_gives_the_same_bits(trained, tmp_pa
 @pytest.mark.parametrize('cc', [c for c in COMPILERS if c != 'tcc'])
 def test_fast_math_is_refused_by_the_source_itself(trained, tmp_path, cc):
     m, folder = trained
-    r = subprocess.run([cc, '-O2', '-ffast-math', '-shared', '-fPIC', '-DNN_PYTHON', '-I', sysconfig.get_paths()['include'],
+    include = sysconfig.get_paths()['include']
+    r = subprocess.run([cc, '-O2', '-ffast-math', '-shared', '-fPIC', '-DNN_PYTHON', '-I', include,
                         str(folder / 'nn.c'), '-o', str(tmp_path / 'x.so')], capture_output=True, text=True)
     assert r.returncode != 0 and 'fast-math' in r.stderr
 

@@ -79,8 +79,8 @@ int main(int argc, char **argv)
         return 1;
     }
     for (long r = 0; r < rows; r++) {
-        const double *logits = out + r * NN_N_OUTPUTS;
-        printf("row %ld: label %d, predicted %d, logits", r, argmax(X + r * NN_N_INPUTS + PIXELS, NN_N_OUTPUTS),
+        const double *logits = out + r * NN_N_OUTPUTS, *label = X + r * NN_N_INPUTS + PIXELS;
+        printf("row %ld: label %d, predicted %d, logits", r, argmax(label, NN_N_OUTPUTS),
                argmax(logits, NN_N_OUTPUTS));
         for (int j = 0; j < NN_N_OUTPUTS; j++)
             printf(" %.17g", logits[j]);
