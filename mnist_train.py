@@ -111,7 +111,7 @@ OPTIMIZERS = {
     'momentum': (f'SGD with momentum {MOMENTUM}', 0.01, lambda lr: compiler.SGD(lr, momentum=MOMENTUM)),
     'adam': ('Adam', 1e-3, lambda lr: compiler.Adam(lr)),
 }
-EXPORT_FILES = ('nn.c', SO_NAME, 'nn.json')     # what CompiledModel.export writes in its folder
+EXPORT_FILES = ('nn.c', 'nn.h', SO_NAME, 'nn.json')     # what CompiledModel.export writes in its folder
 
 
 # ---- the model --------------------------------------------------------------
@@ -339,8 +339,8 @@ def parse_args(argv):
     parser.add_argument('--plot', metavar='PATH', help='draw loss and accuracy curves (PNG; needs matplotlib)')
     parser.add_argument('--export', metavar='DIR',
                         help='write the trained model as a folder that `import nn` works from, with '
-                             'neither micrograd nor the compiler: nn.c, nn.abi3.so, nn.json (DIR is '
-                             'created, or must be empty or an earlier export)')
+                             'neither micrograd nor the compiler: nn.c, nn.h, nn.abi3.so, nn.json '
+                             '(DIR is created, or must be empty or an earlier export)')
     chatter = parser.add_mutually_exclusive_group()
     chatter.add_argument('-q', '--quiet', action='store_true', help='print only the final line (and errors)')
     chatter.add_argument('-v', '--verbose', action='store_true',

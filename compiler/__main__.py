@@ -70,7 +70,7 @@ def add_export(subparsers):
     p = subparsers.add_parser(
         'export', help='compile a graph from a Python file and export it',
         description='Run FUNC() from FILE.py, compile the graph it returns and export it to DIR: '
-                    'nn.c, nn.abi3.so and nn.json, so that `sys.path.insert(0, DIR); import nn` '
+                    'nn.c, nn.h, nn.abi3.so and nn.json, so that `sys.path.insert(0, DIR); import nn` '
                     'works in any Python of this version, without micrograd or compiler.',
         epilog='FUNC() returns (loss, inputs, params, outputs) or a dict with those keys (outputs '
                'may be left out; a dict may also give optimizer, constants and input_grads).')

@@ -5,8 +5,11 @@ works from, with neither ``micrograd`` nor ``compiler`` installed.
 
 - ``nn.c``: the exact C source, with the model's current parameters as the
   module's initial ones; it states its own floating-point contract, so
-  building it by hand (``cc -O2 -shared -fPIC -I$(python3-config
-  --includes) nn.c -o nn.abi3.so``) gives the same bits;
+  building it by hand (``cc -O2 -shared -fPIC -DNN_PYTHON $(python3-config
+  --includes) nn.c -o nn.abi3.so``) gives the same bits; without
+  ``-DNN_PYTHON`` it is plain C, the library ``nn.h`` declares;
+- ``nn.h``: the C API of that plain C build (``emit_header``): sizes and
+  ``nn_`` functions on a caller-owned state, for C programs and FFI;
 - ``nn.abi3.so``: that source built (CPython's stable ABI, 3.11 and later),
   so ``sys.path.insert(0, folder); import nn`` works;
 - ``nn.json``: what it is (``FORMAT``'s keys, below).
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 from compiler.build import (OPT_LEVELS, BuildError, Build, BuildRequest, build_extension, default_flags,
                             elf_problem, find_compiler, program_hash)
-from compiler.codegen import GENERATOR_VERSION, emit_module
+from compiler.codegen import GENERATOR_VERSION, emit_header, emit_module
 from compiler.files import atomic_write, sha256_file
 from compiler.load import ChangedFile, load_module
 
@@ -45,8 +48,9 @@ def _platform():
 
 
 def export(model, folder):
-    """Write ``folder`` (created if needed) with ``nn.c``, ``nn.abi3.so`` and
-    ``nn.json`` for ``model``, its current parameters built in."""
+    """Write ``folder`` (created if needed) with ``nn.c``, ``nn.h``,
+    ``nn.abi3.so`` and ``nn.json`` for ``model``, its current parameters
+    built in."""
     if model.program is None:
         raise ExportError("export(): this model was itself loaded from an export; copy that folder instead")
     params = model.params()
@@ -58,6 +62,8 @@ def export(model, folder):
     try:
         with atomic_write(os.path.join(folder, 'nn.c'), 'w') as f:
             f.write(source)
+        with atomic_write(os.path.join(folder, 'nn.h'), 'w') as f:
+            f.write(emit_header(source))
         with atomic_write(os.path.join(folder, SO_NAME)) as f, open(build.path, 'rb') as so:
             shutil.copyfileobj(so, f)
     finally:
@@ -76,6 +82,7 @@ def export(model, folder):
         'straight_compiler': (model.build.straight_toolchain or tc).version,
         'platform': _platform(), 'python_abi': PYTHON_ABI,
         'so_sha256': sha256_file(os.path.join(folder, SO_NAME)),
+        'header': 'nn.h',
     }
     with atomic_write(os.path.join(folder, 'nn.json'), 'w') as f:
         # one key per line, each value on its line (long label lists stay one line)

@@ -173,6 +173,20 @@ class CompiledModel:
         from compiler.summary import draw
         return draw(self, path)
 
+    def _repr_html_(self):
+        """A notebook shows the summary as a table."""
+        from compiler.summary import summary_html
+        return summary_html(self)
+
+    def _repr_svg_(self):
+        """``draw``'s picture, or None (no Graphviz): the notebook shows another form."""
+        from compiler.summary import picture
+        return picture(self, 'svg')
+
+    def _repr_png_(self):
+        from compiler.summary import picture
+        return picture(self, 'png')
+
     def __repr__(self):
         b = self.build
         family = b.toolchain.family if b and b.toolchain else 'loaded'

@@ -1,6 +1,8 @@
 """What was built, in the user's terms: ``m.summary()`` (a table in the manner
 of Keras' ``model.summary()``) and ``m.draw(path)`` (the network as a
-picture: vector ops and runs of scalar ops, not every scalar)."""
+picture: vector ops and runs of scalar ops, not every scalar); both as a
+notebook shows them (``summary_html``, ``picture``)."""
+import html
 import os
 import re
 from collections import Counter
@@ -53,14 +55,10 @@ def _describe(program, kind, ops):
     return ('scalar', f'{len(ops)} ops: {what}', _params_read(program, ops), _labels(program, outs))
 
 
-def summary(model):
-    """The summary text of a ``CompiledModel``."""
+def _table(model):
+    """The summary as ``(head, rows, notes)``: the column names, one row per
+    part (``parts``), and the lines of totals below the table."""
     program = model.program
-    if program is None:
-        info = getattr(model, 'export_info', {})
-        return (f'exported model: {model.n_inputs} inputs, {model.n_params} params, '
-                f'{model.n_outputs} outputs; program {info.get("program_hash")}; '
-                f'built with {info.get("compiler", {}).get("version")} {" ".join(info.get("flags", []))}')
     rows = []
     seen = set()
     for i, (kind, ops) in enumerate(parts(program), 1):
@@ -69,6 +67,35 @@ def summary(model):
         seen |= params
         rows.append((str(i), what, shape, f'{len(new):,}', labels))
     head = ('#', 'part', 'shape / ops', 'params', 'labels')
+    unused = program.n_params - len(seen)
+    b = model.build
+    toolchain = b.toolchain.version if b and b.toolchain else 'unknown'
+    stages = ', '.join(f'{k} {v:.2f} s' for k, v in model.timings.items())
+    notes = [f'inputs {program.n_inputs:,} ({len(model.features):,} that the outputs depend on), '
+             f'params {program.n_params:,}' + (f' ({unused:,} unused)' if unused else '')
+             + f', outputs {len(program.outputs):,}',
+             f'program: {len(program.ops):,} ops over {program.n_slots:,} slots'
+             + (f' (passes: {", ".join(program.passes)})' if program.passes else ''),
+             f'C: {model.source.count(chr(10)):,} lines; {toolchain} {b.flags_text() if b else ""}'
+             + _scalar_code(model.source),
+             f'optimizer: {model.module.optimizer}; threads: {model.threads}',
+             f'compile(): {sum(model.timings.values()):.2f} s ({stages})']
+    return head, rows, notes
+
+
+def _exported(model):
+    """The summary of a model loaded from an export (no program to describe)."""
+    info = getattr(model, 'export_info', {})
+    return (f'exported model: {model.n_inputs} inputs, {model.n_params} params, '
+            f'{model.n_outputs} outputs; program {info.get("program_hash")}; '
+            f'built with {info.get("compiler", {}).get("version")} {" ".join(info.get("flags", []))}')
+
+
+def summary(model):
+    """The summary text of a ``CompiledModel``."""
+    if model.program is None:
+        return _exported(model)
+    head, rows, notes = _table(model)
     width = [max(len(r[c]) for r in rows + [head]) for c in range(5)]
     width[2] = min(width[2], 60)
 
@@ -76,21 +103,25 @@ def summary(model):
         shape = r[2] if len(r[2]) <= width[2] else r[2][:width[2] - 3] + '...'
         return (f'{r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {shape:<{width[2]}}  {r[3]:>{width[3]}}  '
                 f'{r[4]}').rstrip()
-    unused = program.n_params - len(seen)
-    b = model.build
-    toolchain = b.toolchain.version if b and b.toolchain else 'unknown'
-    stages = ', '.join(f'{k} {v:.2f} s' for k, v in model.timings.items())
-    out = [line(head), '-' * len(line(head))] + [line(r) for r in rows] + ['-' * len(line(head))]
-    out += [f'inputs {program.n_inputs:,} ({len(model.features):,} that the outputs depend on), '
-            f'params {program.n_params:,}' + (f' ({unused:,} unused)' if unused else '')
-            + f', outputs {len(program.outputs):,}',
-            f'program: {len(program.ops):,} ops over {program.n_slots:,} slots'
-            + (f' (passes: {", ".join(program.passes)})' if program.passes else ''),
-            f'C: {model.source.count(chr(10)):,} lines; {toolchain} {b.flags_text() if b else ""}'
-            + _scalar_code(model.source),
-            f'optimizer: {model.module.optimizer}; threads: {model.threads}',
-            f'compile(): {sum(model.timings.values()):.2f} s ({stages})']
-    return '\n'.join(out)
+    rule = '-' * len(line(head))
+    return '\n'.join([line(head), rule, *[line(r) for r in rows], rule, *notes])
+
+
+def summary_html(model):
+    """The summary as HTML (what a notebook shows for a ``CompiledModel``):
+    the parts as a table, every text escaped, the totals below it."""
+    if model.program is None:
+        return f'<p>{html.escape(_exported(model))}</p>'
+    head, rows, notes = _table(model)
+    right = (False, False, False, True, False)       # the params column, as numbers
+
+    def cells(tag, r):
+        return ''.join(f'<{tag} style="text-align: {"right" if right[c] else "left"}">'
+                       f'{html.escape(v)}</{tag}>'
+                       for c, v in enumerate(r))
+    return '\n'.join(['<table>', f'<thead><tr>{cells("th", head)}</tr></thead>', '<tbody>',
+                      *[f'<tr>{cells("td", r)}</tr>' for r in rows], '</tbody>', '</table>',
+                      '<p>' + '<br>'.join(html.escape(n) for n in notes) + '</p>'])
 
 
 def _scalar_code(source):
@@ -108,13 +139,35 @@ def draw(model, path):
     except ImportError:
         raise ImportError("draw() needs graphviz: pip install graphviz "
                           "(or pip install 'micrograd-compiler[viz]'), and Graphviz's dot") from None
-    program = model.program
-    if program is None:
+    if model.program is None:
         raise ValueError("draw(): a model loaded from an export has no program to draw")
     stem, ext = os.path.splitext(str(path))
     fmt = ext.lstrip('.').lower() or 'png'
     if fmt not in ('png', 'svg', 'pdf'):
         raise ValueError(f"draw(): {path} must end in .png, .svg or .pdf")
+    return _digraph(graphviz, model.program, fmt).render(stem, cleanup=True)
+
+
+def picture(model, fmt):
+    """``draw``'s picture as ``'svg'`` text or ``'png'`` bytes, for a
+    notebook; None where it cannot be drawn (no ``graphviz`` package, no
+    ``dot`` program, a model loaded from an export), so that the notebook
+    shows another form."""
+    try:
+        import graphviz
+    except ImportError:
+        return None
+    if model.program is None:
+        return None
+    try:
+        data = _digraph(graphviz, model.program, fmt).pipe(format=fmt)
+    except (graphviz.ExecutableNotFound, graphviz.CalledProcessError, OSError):
+        return None
+    return data.decode('utf-8') if fmt == 'svg' else data
+
+
+def _digraph(graphviz, program, fmt):
+    """The ``graphviz.Digraph`` of ``program``: vector ops and runs of scalar ops."""
     dot = graphviz.Digraph(format=fmt, graph_attr={'rankdir': 'TB'},
                            node_attr={'shape': 'box', 'fontname': 'Helvetica', 'fontsize': '11'})
     owner = {}
@@ -139,4 +192,4 @@ def draw(model, path):
         dot.node('outputs', f'outputs\n{len(program.outputs)}', shape='ellipse')
         for src in sorted({owner[s] for s in program.outputs if s in owner}):
             dot.edge(src, 'outputs')
-    return dot.render(stem, cleanup=True)
+    return dot

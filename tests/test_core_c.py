@@ -1,6 +1,5 @@
-"""The C core of nn.c has no Python in it: built with -DNN_NO_PYTHON (and
--DNN_NO_THREADS), a plain C program that includes only nn.h (emit_header)
-drives two states of one model through the nn_ functions and gets the
+"""nn.c is plain C: built with no define at all (or -DNN_NO_THREADS), a C
+program that includes only nn.h (emit_header) drives two states of one model through the nn_ functions and gets the
 Python module's bits."""
 import shutil
 import subprocess
@@ -65,7 +64,7 @@ def test_a_c_program_drives_two_states_of_the_core_to_the_modules_bits(tmp_path,
     (tmp_path / 'nn.c').write_text(str(source))
     (tmp_path / 'nn.h').write_text(emit_header(source))
     (tmp_path / 'main.c').write_text(MAIN)
-    flags = ['-DNN_NO_PYTHON'] + ([] if threads else ['-DNN_NO_THREADS'])
+    flags = [] if threads else ['-DNN_NO_THREADS']
     libs = ['-lm'] + (['-lpthread'] if threads else [])
     exe = tmp_path / 'main'
     # no Python include folder: the core must not need it
@@ -101,7 +100,7 @@ def test_nn_h_declares_the_api_for_cpp_too(tmp_path):
     (tmp_path / 'nn.h').write_text(emit_header(source))
     (tmp_path / 'main.cpp').write_text(MAIN.replace('void *a = malloc', 'void *a = std::malloc')
                                        .replace('#include <stdlib.h>', '#include <cstdlib>'))
-    for command in (['gcc', '-c', '-w', '-DNN_NO_PYTHON', 'nn.c'],
+    for command in (['gcc', '-c', '-w', 'nn.c'],
                     ['g++', '-w', '-o', 'main', 'main.cpp', 'nn.o', '-lm', '-lpthread']):
         done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr
@@ -109,3 +108,28 @@ def test_nn_h_declares_the_api_for_cpp_too(tmp_path):
     assert run.returncode == 0, run.stderr
     m.set_input([0.25 * i - 1.0 for i in range(5)])
     assert float.fromhex(run.stdout.split()[0]) == m.forward()
+
+
+@pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('nm')), reason='needs gcc and nm')
+def test_plain_cc_builds_the_library_and_nn_python_the_module(tmp_path):
+    """No define: the nn_ functions exported, no CPython module; -DNN_PYTHON
+    (what the compiler's builds pass): the module, the nn_ functions hidden."""
+    import sysconfig
+    m = compile_graph(mlp_builder([3, 4, 2]), 5, list(np.linspace(-1, 1, 26)), FAST_CC)
+    (tmp_path / 'nn.c').write_text(str(emit_module(m.program, initial_params=m.params())))
+
+    def exported_names(*flags):
+        done = subprocess.run(['gcc', '-c', '-fPIC', '-w', *flags, '-o', 'nn.o', 'nn.c'], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        done = subprocess.run(['gcc', '-shared', '-o', 'nn.so', 'nn.o', '-lm', '-lpthread'], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        names = subprocess.run(['nm', '-D', '--defined-only', 'nn.so'], capture_output=True, text=True,
+                               cwd=tmp_path).stdout.split()
+        return set(names)
+
+    plain = exported_names()
+    assert 'nn_init' in plain and 'nn_train_batch' in plain and 'PyInit_nn' not in plain
+    module = exported_names('-DNN_PYTHON', '-I', sysconfig.get_paths()['include'])
+    assert 'PyInit_nn' in module and 'nn_init' not in module

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler.codegen import emit_header
 from compiler.export import ExportError
 from micrograd import Value, cross_entropy
 from micrograd.nn import MLP
@@ -76,10 +77,13 @@ def run_bare(folder, rows, tmp_path, python=sys.executable):
     return json.loads(r.stdout)
 
 
-def test_an_export_holds_the_three_files_and_nn_json_says_what_it_is(trained):
+def test_an_export_holds_the_four_files_and_nn_json_says_what_it_is(trained):
     m, folder = trained
-    assert sorted(os.listdir(folder)) == ['nn.abi3.so', 'nn.c', 'nn.json']
+    assert sorted(os.listdir(folder)) == ['nn.abi3.so', 'nn.c', 'nn.h', 'nn.json']
+    source = (folder / 'nn.c').read_text()
+    assert (folder / 'nn.h').read_text() == emit_header(source)     # the C API of the nn.c beside it
     info = json.loads((folder / 'nn.json').read_text())
+    assert info['header'] == 'nn.h'
     for key in ('format', 'generator', 'program_hash', 'n_inputs', 'n_params', 'n_outputs',
                 'input_labels', 'param_labels', 'compiler', 'flags'):
         assert key in info, key
@@ -129,8 +133,8 @@ def test_nn_c_built_by_hand_with_plain_flags_gives_the_same_bits(trained, tmp_pa
         out = tmp_path / '-'.join(f.strip('-') for f in flags)
         out.mkdir()
         shutil.copy(folder / 'nn.c', out)
-        r = subprocess.run([cc, *flags, '-shared', '-fPIC', '-I', include, 'nn.c', '-o', 'nn.abi3.so', '-lm'],
-                           cwd=out, capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cc, *flags, '-shared', '-fPIC', '-DNN_PYTHON', '-I', include, 'nn.c', '-o', 'nn.abi3.so',
+                            '-lm'], cwd=out, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert run_bare(out, X[:4], tmp_path) == expected, (cc, flags)
 
@@ -138,7 +142,8 @@ def test_nn_c_built_by_hand_with_plain_flags_gives_the_same_bits(trained, tmp_pa
 @pytest.mark.parametrize('cc', [c for c in COMPILERS if c != 'tcc'])
 def test_fast_math_is_refused_by_the_source_itself(trained, tmp_path, cc):
     m, folder = trained
-    r = subprocess.run([cc, '-O2', '-ffast-math', '-shared', '-fPIC', '-I', sysconfig.get_paths()['include'],
+    include = sysconfig.get_paths()['include']
+    r = subprocess.run([cc, '-O2', '-ffast-math', '-shared', '-fPIC', '-DNN_PYTHON', '-I', include,
                         str(folder / 'nn.c'), '-o', str(tmp_path / 'x.so')], capture_output=True, text=True)
     assert r.returncode != 0 and 'fast-math' in r.stderr
 

@@ -76,7 +76,7 @@ def test_export_from_a_file_then_import_nn_in_a_bare_python(tmp_path, model_file
     r = export(tmp_path, f'{model_file}:{func}', '-o', str(out), '--cc', FAST_CC)
     assert r.returncode == 0, r.stderr
     assert 'exported 4 inputs, 21 params' in r.stdout
-    assert sorted(os.listdir(out)) == ['nn.abi3.so', 'nn.c', 'nn.json']
+    assert sorted(os.listdir(out)) == ['nn.abi3.so', 'nn.c', 'nn.h', 'nn.json']
     assert json.loads((out / 'nn.json').read_text())['input_labels'] == ['x0', 'x1', 'x2', 'y']
     # the exported module, without micrograd or compiler, gives the interpreter's bits
     rows = [[0.5, -1.0, 2.0, 0.25], [0.0, 0.0, 0.0, 1.0], [3.0, 0.125, -2.5, -1.0]]

@@ -192,9 +192,9 @@ def test_a_negative_seed_is_a_usage_error_in_a_real_process():
 def test_export_writes_a_folder_that_imports_and_predicts_as_trained(tmp_path):
     folder = tmp_path / 'new' / 'model'          # created, with its parent
     out, saved, _ = run(['--export', folder], tmp_path)
-    assert (f'exported the model to {folder}: nn.c, nn.abi3.so, nn.json '
+    assert (f'exported the model to {folder}: nn.c, nn.h, nn.abi3.so, nn.json '
             f"(sys.path.insert(0, '{folder}'); import nn)\n") in out
-    assert sorted(os.listdir(folder)) == ['nn.abi3.so', 'nn.c', 'nn.json']
+    assert sorted(os.listdir(folder)) == ['nn.abi3.so', 'nn.c', 'nn.h', 'nn.json']
     exported = compiler.load(folder)
     model = untrained_model()
     model.set_params(saved['params'])
@@ -206,7 +206,7 @@ def test_export_writes_a_folder_that_imports_and_predicts_as_trained(tmp_path):
     for again in (folder, tmp_path / 'empty'):
         status, out, err = run_main([*QUICK, '--lr', '0.05', '--export', again])
         assert status == 0, err
-        assert sorted(os.listdir(again)) == ['nn.abi3.so', 'nn.c', 'nn.json']
+        assert sorted(os.listdir(again)) == ['nn.abi3.so', 'nn.c', 'nn.h', 'nn.json']
     assert not np.array_equal(compiler.load(folder).params(), saved['params'])
 
 

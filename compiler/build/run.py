@@ -54,13 +54,15 @@ def run_compiler(request, toolchain, flags, source_path, out_path, *, objects=No
         # escaping it: give it the file's name, and run it in the folder
         cwd, src, out = folder, os.path.basename(source_path), os.path.basename(out_path)
         objs = [os.path.relpath(o, folder) for o in objs]
+    # -DNN_PYTHON beside Python's headers: nn.c is plain C unless asked for its CPython module
     if objects is None:
-        cmd = [toolchain.path, *toolchain.args, *flags, '-I', include, '-o', out, src, '-lm', '-lpthread']
+        cmd = [toolchain.path, *toolchain.args, *flags, '-DNN_PYTHON', '-I', include, '-o', out, src, '-lm',
+               '-lpthread']
     elif objs:
         cmd = [toolchain.path, *toolchain.args, *flags, '-o', out, *objs, '-lm', '-lpthread']
     else:
-        cmd = [toolchain.path, *toolchain.args, *[f for f in flags if f != '-shared'], '-c', '-I', include,
-               '-o', out, src]
+        cmd = [toolchain.path, *toolchain.args, *[f for f in flags if f != '-shared'], '-c', '-DNN_PYTHON',
+               '-I', include, '-o', out, src]
     with terminate_cleanly():
         try:
             r = run_in_own_group(cmd, timeout=timeout, cwd=cwd)

@@ -48,7 +48,7 @@
 #endif
 
 /* The C API (core.h): hidden inside the Python module, exported by a plain C
- * build (-DNN_NO_PYTHON: a library for C programs and other languages' FFI). */
+ * build (no -DNN_PYTHON: a library for C programs and other languages' FFI). */
 #ifndef NN_API
 #ifdef NN_PYTHON
 #define NN_API HIDDEN
