@@ -76,6 +76,9 @@ class Ours:
         self.compile_s = time.perf_counter() - started
         build = self.model.build
         self.build = f"{build.toolchain.family} [{build.flags_text()}]"
+        # what the lifting of convolutions will shrink: the ops and C lines of the program
+        self.size = {'ops': len(self.model.program.ops), 'c_lines': self.model.source.count('\n'),
+                     'timings': dict(self.model.timings)}
 
     def loss0(self, row):
         self.model.set_params(self.init)
@@ -107,6 +110,7 @@ class Torch:
         import torch
         from torch import nn
         self.torch, self.name, self.compile_s, self.build = torch, 'torch', None, f'torch {torch.__version__}'
+        self.size = {}
         c1, c2 = args.channels
         sizes = [c2 * 16, *args.hidden, 10]
         linear = []
@@ -240,7 +244,7 @@ def run(args):
         for t in threads:
             cell = best[s.name, t]
             report['rows'].append({
-                'system': s.name, 'build': s.build, 'threads': t, 'compile_s': s.compile_s, **s.check,
+                'system': s.name, 'build': s.build, 'threads': t, 'compile_s': s.compile_s, **s.check, **s.size,
                 'train_images_per_s': len(X) / cell['train_s'],
                 's_per_epoch': cell['train_s'] / len(X) * EPOCH_IMAGES,
                 'predict_images_per_s': len(X) / cell['predict_s']})
@@ -266,6 +270,8 @@ def table(report):
         lines.append(f"| {r['system']} | {r['threads']} | {r['train_images_per_s']:.1f} | "
                      f"{r['s_per_epoch']:.0f} | {r['predict_images_per_s']:.1f} | {vs} | {compile_s} | {check} |")
     lines.append('')
+    lines += [f"{r['system']}: {r['build']}, {r['ops']:,} ops, {r['c_lines']:,} lines of C"
+              for r in report['rows'] if r['system'] != 'torch' and r['threads'] == 1]
     lines.append('checks: all passed' if not report['failures'] else 'FAILED: ' + '; '.join(report['failures']))
     return '\n'.join(lines)
 

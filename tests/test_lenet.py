@@ -112,6 +112,13 @@ def test_a_small_lenet_compiles_to_the_interpreters_bits(cc):
 
 
 @needs_cc
+@pytest.mark.parametrize('vectorize', [True, False])
+def test_a_small_lenet_is_exact_with_and_without_the_vectorizing_pass(vectorize):
+    assert_matches_interpreter(lenet_build(**SMALL), rows(2, start=9).tolist(), initial(**SMALL, seed=5), FAST_CC,
+                               vectorize=vectorize)
+
+
+@needs_cc
 def test_a_small_lenet_trains_to_the_interpreters_bits_at_any_thread_count():
     X = rows(3, start=20)
     for threads in (1, 2, 3):
@@ -201,3 +208,4 @@ def test_bench_conv_quick_checks_and_reports(tmp_path):
         assert row['loss0_ok'] and row['train_images_per_s'] > 0 and row['s_per_epoch'] > 0
         if row['system'] == 'tcc':
             assert row['loss0'] == report['interpreter']['loss0'] and row['compile_s'] > 0
+            assert row['ops'] > 10_000 and row['c_lines'] > row['ops']
