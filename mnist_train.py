@@ -1,11 +1,13 @@
-"""Train a micrograd MLP on MNIST (or Fashion-MNIST), compiled to C once.
+"""Train a micrograd MLP or LeNet on MNIST (or Fashion-MNIST), compiled to C once.
 
     python mnist_train.py                   # the embedded 4,000 + 1,000 digits, offline
+    python mnist_train.py --model lenet     # a LeNet-5 style conv net instead of the MLP
     python mnist_train.py --data DIR        # a folder of the four IDX files
     python mnist_train.py --fashion         # Debian's dataset-fashion-mnist package
     python mnist_train.py --download        # full MNIST, fetched into the cache folder
 
 The network is ``micrograd.nn.MLP`` with ``cross_entropy`` (``mnist_data.mnist_graph``),
+or with ``--model lenet`` convolutions from ``micrograd.nn`` (``mnist_data.lenet_graph``),
 traced and compiled by ``compiler.compile`` once with its optimizer; training
 is one ``train_batch`` call (one step on the mean gradient) per mini-batch.
 An input row is the 784 pixels scaled to [0, 1], then the one-hot label.
@@ -40,7 +42,7 @@ from compiler.build.cache import cache_root
 from compiler.files import atomic_write
 from compiler.model import MAX_THREADS, resolve_threads
 from compiler.weights import WeightsError, read as read_weights_file
-from mnist_data import N_CLASSES, N_PIXELS, input_rows, mnist_graph
+from mnist_data import MODELS, N_CLASSES, ModelSpec, input_rows
 
 
 def main(argv=None):
@@ -49,22 +51,22 @@ def main(argv=None):
 
 def run(args):
     """Compile, then train, then evaluate: the whole program."""
-    say, sizes = cli.sayer(args.quiet), layer_sizes(args.hidden)
+    say, spec = cli.sayer(args.quiet), ModelSpec(args.model, args.hidden)
     try:        # everything that can be refused is refused before any work
         check_outputs(args)
         if args.plot:
             cli.require_matplotlib()
         threads = resolve_threads(args.threads)         # a bad $MICROGRAD_THREADS, now
-        saved = read_weights(args.load, sizes) if args.load else None
+        saved = read_weights(args.load, spec.sizes, spec.name, spec.n_params) if args.load else None
         dataset, data = load_dataset(args)
     except (ImportError, OSError, ValueError) as e:     # WeightsError is a ValueError
         return cli.fail(e)
     images, labels = data['train']
     say(f"data: {dataset}: {len(images):,} training and {len(data['test'][0]):,} test images")
     try:
-        model = build_model(args.hidden, seed=args.seed, cc=args.cc, optimizer=args.optimizer,
-                            lr=args.lr, threads=threads)                            # compile
-        say(f"model: {architecture(sizes)} MLP, {model.n_params:,} parameters; "
+        model = build_model(spec.hidden, seed=args.seed, cc=args.cc, optimizer=args.optimizer,
+                            lr=args.lr, threads=threads, model=spec.name)           # compile
+        say(f"model: {spec.description}, {model.n_params:,} parameters; "
             f"{OPTIMIZERS[args.optimizer][0]}, learning rate {args.lr:g}")
         say(cli.compile_line(model))
         if args.verbose:
@@ -86,7 +88,7 @@ def run(args):
                        progress=cli.progress_for(args), on_batch=batch_printer(args), stop=stop,
                        on_epoch=lambda e: say(epoch_line(e, args.epochs)))                # + evaluate
         failed = report_outcome(args, result, time.perf_counter() - started)
-        failed |= not write_outputs(args, dataset, data, model, sizes, result, say)
+        failed |= not write_outputs(args, dataset, data, model, spec, result, say)
     if stop.is_set():
         return cli.exit_status(stop.signum)
     return cli.EXIT_ERROR if failed else 0
@@ -116,20 +118,21 @@ EXPORT_FILES = ('nn.c', 'nn.h', SO_NAME, 'nn.json')     # what CompiledModel.exp
 
 # ---- the model --------------------------------------------------------------
 
-def layer_sizes(hidden):
-    return [N_PIXELS, *hidden, N_CLASSES]
+def layer_sizes(hidden, model='mlp'):
+    return ModelSpec(model, hidden).sizes
 
 
 def architecture(sizes):
     return '-'.join(str(s) for s in sizes)
 
 
-def build_model(hidden, seed=0, cc=None, optimizer='sgd', lr=None, threads=None):
-    """Trace ``MLP(784, hidden + [10])`` and its cross-entropy loss once and
+def build_model(hidden=None, seed=0, cc=None, optimizer='sgd', lr=None, threads=None, model='mlp'):
+    """Trace ``MLP(784, hidden + [10])`` (or the LeNet, ``model='lenet'``,
+    with ``hidden`` linear layers) and its cross-entropy loss once and
     compile it with ``optimizer`` (a key of ``OPTIMIZERS``; ``lr`` defaults
     to its rate). The label is an input, so one module serves every image."""
     _, default_lr, make = OPTIMIZERS[optimizer]
-    graph = mnist_graph(hidden, seed=seed)
+    graph = ModelSpec(model, hidden).graph(seed)
     return compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
                             outputs=graph.logits, cc=cc, threads=threads,
                             optimizer=make(default_lr if lr is None else lr))
@@ -306,9 +309,14 @@ def parse_args(argv):
                         help=f'fetch the full MNIST (SHA-256 checked) into {default_download_dir()}')
     parser.add_argument('--mirror', metavar='URL', default=mnist_data.download.MNIST_URL,
                         help='where --download fetches the four .gz files from (default: %(default)s)')
-    parser.add_argument('--hidden', metavar='N,N', type=hidden_sizes, default=[50],
-                        help=f'hidden layer sizes, e.g. 50 (the default) or 128,64; '
-                             f'{NO_HIDDEN} for no hidden layer (a 784-10 network)')
+    parser.add_argument('--model', choices=MODELS, default='mlp',
+                        help='mlp: an MLP (the default); lenet: a LeNet-5 style conv net (conv 5x5 '
+                             'with 6 channels, max-pool 2, conv 5x5 with 16, max-pool 2, then '
+                             'linear layers); its convolutions are not lifted yet: they run as '
+                             'scalar code, exact but slow')
+    parser.add_argument('--hidden', metavar='N,N', type=hidden_sizes,
+                        help=f'hidden linear layer sizes, e.g. 50 (the MLP\'s default) or 128,64 '
+                             f'(LeNet\'s default: 120,84); {NO_HIDDEN} for no hidden layer')
     parser.add_argument('--epochs', metavar='N', type=number(int, 0), default=10,
                         help='passes over the training set; 0 only evaluates (default: %(default)s)')
     parser.add_argument('--batch-size', metavar='N', type=number(int, 1), default=32,
@@ -375,18 +383,27 @@ def load_dataset(args):
 
 # ---- weights files ----------------------------------------------------------
 
-def save_weights(model, path, sizes, optimizer='sgd'):
-    """``model.save_weights`` with the layer sizes and the ``--optimizer`` as metadata."""
-    model.save_weights(path, metadata={'layer_sizes': sizes, 'optimizer': optimizer})
+def save_weights(model, path, sizes, optimizer='sgd', kind='mlp'):
+    """``model.save_weights`` with the ``--model``, its linear layer sizes and
+    the ``--optimizer`` as metadata."""
+    model.save_weights(path, metadata={'model': kind, 'layer_sizes': sizes, 'optimizer': optimizer})
 
 
-def read_weights(path, sizes):
+def read_weights(path, sizes, kind='mlp', n_params=None):
     """The arrays of a weights file (``compiler.weights.read`` checks the
-    file itself) saved by ``--save`` for a network of ``sizes``: read before
-    any work, so that a bad file is refused at once."""
+    file itself) saved by ``--save`` for a ``--model kind`` network of
+    linear layer ``sizes`` and ``n_params`` parameters (default: an MLP's):
+    read before any work, so that a bad file is refused at once. Files
+    without a ``meta_model`` (older ones) hold MLPs."""
     saved = read_weights_file(path)
-    saved_sizes = saved.get('meta_layer_sizes')
     not_ours = f"{path}: not a weights file written by --save"
+    saved_kind = str(saved['meta_model']) if 'meta_model' in saved else 'mlp'
+    if saved_kind not in MODELS:
+        raise WeightsError(f"{not_ours}: its model is {saved_kind!r}, not one of {', '.join(MODELS)}")
+    if saved_kind != kind:
+        raise WeightsError(f"{path} holds a --model {saved_kind} network, but this run builds "
+                           f"--model {kind}; pass --model {saved_kind} to use it")
+    saved_sizes = saved.get('meta_layer_sizes')
     if saved_sizes is None:
         raise WeightsError(f"{not_ours}: it has no layer sizes (meta_layer_sizes)")
     if saved_sizes.ndim != 1 or saved_sizes.dtype.kind not in 'iu' or len(saved_sizes) < 2 or saved_sizes.min() < 1:
@@ -394,10 +411,10 @@ def read_weights(path, sizes):
     saved_sizes = [int(s) for s in saved_sizes]
     if saved_sizes != list(sizes):
         hint = (f"; pass --hidden {hidden_option(saved_sizes[1:-1])} to use it"
-                if saved_sizes[0] == N_PIXELS and saved_sizes[-1] == N_CLASSES else '')
+                if saved_sizes[0] == sizes[0] and saved_sizes[-1] == N_CLASSES else '')
         raise WeightsError(f"{path} holds a {architecture(saved_sizes)} network, "
                            f"but this run builds {architecture(sizes)}{hint}")
-    expected = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
+    expected = n_params or sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
     if saved['params'].shape != (expected,):
         raise WeightsError(f"{path}: {saved['params'].size} parameters; a {architecture(sizes)} "
                            f"network has {expected}")
@@ -460,18 +477,19 @@ def report_outcome(args, result, seconds):
     return True
 
 
-def write_outputs(args, dataset, data, model, sizes, result, say):
+def write_outputs(args, dataset, data, model, spec, result, say):
     """``--save`` (keeping the ``--load`` file as ``.bak`` if it is the same),
     ``--metrics``, ``--plot``, ``--export``; False if one could not be written."""
     batches_per_epoch = math.ceil(len(data['train'][0]) / args.batch_size)
     if args.save:
         backup = cli.keep_backup(args.save) if args.load and cli.same_file(args.load, args.save) else None
-        save_weights(model, args.save, sizes, args.optimizer)
+        save_weights(model, args.save, spec.sizes, args.optimizer, spec.name)
         say(f"saved weights to {args.save}" + (f" (the previous file is kept as {backup})" if backup else ''))
     if args.metrics:
         n_train = len(data['train'][0])
         report = {'dataset': dataset, 'train_images': n_train, 'test_images': len(data['test'][0]),
-                  'train_accuracy_images': min(n_train, TRAIN_ACCURACY_IMAGES), 'layer_sizes': sizes,
+                  'train_accuracy_images': min(n_train, TRAIN_ACCURACY_IMAGES), 'model': spec.name,
+                  'layer_sizes': spec.sizes,
                   'params': model.n_params, 'epochs': args.epochs, 'batch_size': args.batch_size,
                   'optimizer': args.optimizer, 'lr': args.lr, 'seed': args.seed, 'threads': model.threads,
                   'compiler': cli.build_info(model), 'timings': dict(model.timings),
@@ -481,7 +499,7 @@ def write_outputs(args, dataset, data, model, sizes, result, say):
         with atomic_write(args.metrics, 'w') as f:
             f.write(json.dumps(report, indent=1))
     if args.plot and result.history:
-        cli.plot_curves(args.plot, result.history, f"{architecture(sizes)} MLP on {dataset}",
+        cli.plot_curves(args.plot, result.history, f"{spec.description} on {dataset}",
                         result.batch_losses, batches_per_epoch)
         say(f"plotted to {args.plot}")
     elif args.plot:

@@ -6,6 +6,8 @@
     download_mnist(cache_dir)    -> folder with the full MNIST, SHA-256 verified
     load_source(folder, ...)     -> (description, data) of what a command line asked for
     mnist_graph(hidden, seed)    -> the MLP and cross-entropy graph this project trains
+    lenet_graph(seed)            -> the LeNet-5 style conv net's graph, the same input rows
+    ModelSpec(name, hidden)      -> a model by its --model name: sizes, n_params, graph(seed)
     input_rows(images, labels)   -> its input rows: pixels / 255, then the one-hot label
 """
 
@@ -13,7 +15,8 @@ from .debian import debian_fashion_mnist_dir
 from .download import ChecksumError, DownloadError, download_mnist
 from .folder import load, load_embedded
 from .idx import IDXError, load_pair, read_idx, write_idx
-from .model import N_CLASSES, N_PIXELS, MnistGraph, input_rows, mnist_graph
+from .model import (MODELS, N_CLASSES, N_PIXELS, LeNetGraph, MnistGraph, ModelSpec, input_rows,
+                    lenet_graph, mnist_graph)
 from .source import load_source
 
 __all__ = [
@@ -28,6 +31,10 @@ __all__ = [
     "load_pair",
     "input_rows",
     "mnist_graph",
+    "lenet_graph",
+    "LeNetGraph",
+    "ModelSpec",
+    "MODELS",
     "MnistGraph",
     "N_CLASSES",
     "N_PIXELS",
