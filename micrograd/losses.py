@@ -2,7 +2,9 @@
 from micrograd.engine import Value
 
 
-def _max(values):
+def max_of(values):
+    """The largest of ``values``, left to right: ``((v0 max v1) max v2) ...``
+    (``Value.max``: a tie keeps the earlier value, which alone gets the gradient)."""
     m = values[0]
     for v in values[1:]:
         m = m.max(v)
@@ -17,7 +19,7 @@ def log_softmax(logits):
     Its gradient through the two paths cancels: d/dm = -1 + sum(softmax) = 0.
     """
     logits = list(logits)
-    m = _max(logits)
+    m = max_of(logits)
     shifted = [z - m for z in logits]
     log_sum = sum(s.exp() for s in shifted).log()
     return [s - log_sum for s in shifted]
@@ -25,7 +27,7 @@ def log_softmax(logits):
 
 def softmax(logits):
     logits = list(logits)
-    m = _max(logits)
+    m = max_of(logits)
     e = [(z - m).exp() for z in logits]
     total = sum(e)
     return [ei / total for ei in e]

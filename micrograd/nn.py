@@ -10,6 +10,7 @@ import math
 import random
 
 from micrograd.engine import Value
+from micrograd.losses import max_of
 
 
 class Module:
@@ -219,12 +220,7 @@ class MaxPool2d(_Pool):
     """The largest value of each window, row by row: ``((x0 max x1) max x2) ...``
     with ``Value.max`` (a tie keeps the earlier value, which alone gets the gradient)."""
 
-    @staticmethod
-    def reduce(window):
-        m = window[0]
-        for v in window[1:]:
-            m = m.max(v)
-        return m
+    reduce = staticmethod(max_of)
 
 
 class AvgPool2d(_Pool):
