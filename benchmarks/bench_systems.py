@@ -424,27 +424,12 @@ def dense_macs(model):
     return {'forward': forward, 'input_grad': forward - layers[0][0] * layers[0][1], 'weight_grad': forward}
 
 
-def kernel_counters(m):
-    """The module's count of the multiply-adds its loop kernels ran
-    (``micrograd_kernel_macs`` in templates/kernels.c), or None."""
-    import ctypes
-    path = getattr(m.module, '__file__', None)
-    try:
-        return (ctypes.c_ulonglong * 3).in_dll(ctypes.CDLL(path), 'micrograd_kernel_macs')
-    except (OSError, ValueError, TypeError):
-        return None
-
-
 def executed_macs(m, runner):
     """Multiply-adds per image the kernels ran in one training pass over the
-    batches (after skipping zeros), by kind; None if the module does not count."""
-    counters = kernel_counters(m)
-    if counters is None:
-        return None
-    for i in range(3):
-        counters[i] = 0
+    batches (after skipping zeros), by kind (the module's ``kernel_macs()``)."""
+    m.module.kernel_macs()              # from 0
     runner.train_pass()
-    return {kind: counters[i] / runner.images for i, kind in enumerate(KERNEL_KINDS)}
+    return {kind: n / runner.images for kind, n in zip(KERNEL_KINDS, m.module.kernel_macs())}
 
 
 def children_peak_mb():

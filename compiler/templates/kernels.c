@@ -14,14 +14,13 @@ static int mv_max(int a, int b) { return a > b ? a : b; }
 
 /* The multiply-adds the loops ran (terms x lanes that hold outputs, after
  * skipping zeros): forward, input gradient, weight gradient. For the
- * benchmarks (bench_systems.py reads them by name); counted once per loop
- * call, nothing per term. */
+ * benchmarks (the module's kernel_macs() reads and clears them); counted
+ * once per loop call, nothing per term. */
+HIDDEN unsigned long long mv_macs[3];
 #if defined(__GNUC__) && !defined(__TINYC__)
-__attribute__((visibility("default"))) unsigned long long micrograd_kernel_macs[3];
-#define MV_COUNT(kind, n) __atomic_fetch_add(&micrograd_kernel_macs[kind], (unsigned long long)(n), __ATOMIC_RELAXED)
+#define MV_COUNT(kind, n) __atomic_fetch_add(&mv_macs[kind], (unsigned long long)(n), __ATOMIC_RELAXED)
 #else
-unsigned long long micrograd_kernel_macs[3];
-#define MV_COUNT(kind, n) (micrograd_kernel_macs[kind] += (unsigned long long)(n))
+#define MV_COUNT(kind, n) (mv_macs[kind] += (unsigned long long)(n))
 #endif
 
 HIDDEN int

@@ -389,6 +389,26 @@ py_set_threads(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(kernel_macs_doc, "kernel_macs()\n--\n\n"
+             "(forward, input_grad, weight_grad): the multiply-adds the MatVec loops ran since\n"
+             "the last call (after skipping zeros), then set to 0. For benchmarks.");
+
+static PyObject *
+py_kernel_macs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long n[3] = {0, 0, 0};
+    if (!check_nargs("kernel_macs", nargs, 0, 0) || take_model(module) == NULL)
+        return NULL;
+#ifdef HAVE_MATVEC
+    for (int i = 0; i < 3; i++) {
+        n[i] = mv_macs[i];
+        mv_macs[i] = 0;
+    }
+#endif
+    release_model(module);
+    return Py_BuildValue("(KKK)", n[0], n[1], n[2]);
+}
+
 /* ---- module definition ------------------------------------------------------------------------ */
 
 #define METHOD(name) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, name##_doc}
@@ -398,7 +418,7 @@ static PyMethodDef nn_methods[] = {
     METHOD(step), METHOD(train_batch), METHOD(predict), METHOD(read_params),
     METHOD(write_params), METHOD(read_grads), METHOD(read_input_grads), METHOD(read_outputs),
     METHOD(read_state), METHOD(write_state), METHOD(read_data), METHOD(get_threads),
-    METHOD(set_threads),
+    METHOD(set_threads), METHOD(kernel_macs),
     {NULL, NULL, 0, NULL}
 };
 
