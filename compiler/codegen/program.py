@@ -152,14 +152,18 @@ class _Program:
         for i, op in indexed_ops:
             if type(op) is MatVec:
                 flush()
-                if direction == 'forward':
-                    steps.append(self.matvecs.forward_call(op))
-                elif id(op) in self.matvecs.has_backward:
-                    steps.append(self.matvecs.backward_call(op))
+                steps += self._matvec_step(op, direction == 'forward')
             else:
                 run.append(op)
         flush()
         return steps
+
+    def _matvec_step(self, op, forward):
+        """The call running a ``MatVec`` in one direction (none backward
+        where it has no gradient to pass on)."""
+        if forward:
+            return [self.matvecs.forward_call(op)]
+        return [self.matvecs.backward_call(op)] if id(op) in self.matvecs.has_backward else []
 
     def _table_steps(self, p0, p1, direction):
         """``_steps`` of the ops at positions ``p0..p1-1`` when the scalar ops
@@ -205,10 +209,7 @@ class _Program:
             op = ops[seg]
             if type(op) is MatVec:
                 flush_sums()
-                if forward:
-                    steps.append(self.matvecs.forward_call(op))
-                elif id(op) in self.matvecs.has_backward:
-                    steps.append(self.matvecs.backward_call(op))
+                steps += self._matvec_step(op, forward)
             else:
                 sums_run.append(op)
         flush_sums()
