@@ -39,8 +39,10 @@ PyTorch) is imported, whatever they were, and calls
 
 ms/step is the mean time of one training step (the name's inputs, forward,
 backward, the optimizer step) over a run, the median run of ``--repeats``
-for ours and PyTorch (the interpreter runs once); a ratio compares two
-systems over the same steps (the interpreter's, when it runs fewer). The
+for ours, PyTorch and numpy, whose runs take turns (ours, PyTorch, numpy,
+ours, ...) so that the machine's changing load falls on all three (the
+interpreter runs once, after them); a ratio compares two systems over the
+same steps (the interpreter's, when it runs fewer). The
 machine is shared and noisy: trust ratios from one run more than seconds.
 Exit status 1 when the interpreter's losses differ from ours.
 """
@@ -86,33 +88,45 @@ def timed_run(model, setup, steps, limit=None, progress=False):
     return result.step_seconds, result.losses
 
 
-def measure_ours(setup, steps, cc, repeats):
-    """Compile (timed from the Value graph to the loaded module), then train
-    ``repeats`` times from the initial weights (the same losses every time)."""
+def alternate(systems, repeats):
+    """Train each of ``systems`` (``(row, run)``: ``run()`` trains from the initial
+    weights and returns the per-step seconds and losses) ``repeats`` times, in
+    turn (A, B, C, A, B, C, ...) so that the machine's changing load falls on
+    all of them alike; fills each row's ``runs`` and ``losses``."""
+    for _ in range(repeats):
+        for row, run in systems:
+            seconds, losses = run()
+            if row['runs'] and losses != row['losses']:
+                raise RuntimeError(f"{row['name']} gave other losses when trained again from the same weights")
+            row['runs'].append(seconds)
+            row['losses'] = losses
+    return [row for row, _ in systems]
+
+
+def prepare_ours(setup, steps, cc):
+    """Compile (timed from the Value graph to the loaded module); the row and
+    a run that trains from the initial weights (the same losses every time)."""
     _, _, config, weights, _ = setup
     os.environ['MICROGRAD_CACHE'] = '0'       # a real build, never a cache hit
     t0 = time.perf_counter()
     ours = gpt.CompiledGPT(config, weights, LR, cc=cc)
     total = time.perf_counter() - t0
     m = ours.model
-    runs, losses = [], None
-    for _ in range(repeats):
+
+    def run():
         m.set_params(gpt.flatten(weights))
         m.set_optimizer_state([0.0] * m.module.state_size)
         m.zero_grad()
-        seconds, run_losses = timed_run(ours, setup, steps)
-        if losses is not None and run_losses != losses:
-            raise RuntimeError("ours gave other losses when trained again from the same weights")
-        runs.append(seconds)
-        losses = run_losses
+        return timed_run(ours, setup, steps)
+
     build = m.build
     level = [f for f in build.flags if f.startswith('-O')]
     if build.straight_flags:
         level += [f"(straight-line {' '.join(f for f in build.straight_flags if f.startswith('-O'))})"]
-    return {'name': f"ours ({' '.join([build.toolchain.family, *level])})", 'runs': runs, 'losses': losses,
+    return {'name': f"ours ({' '.join([build.toolchain.family, *level])})", 'runs': [], 'losses': None,
             'compile_s': total, 'graph_s': total - sum(m.timings.values()),
             'timings': dict(m.timings), 'compiler': build.toolchain.version, 'flags': build.flags_text().split(' '),
-            'c_lines': m.source.count('\n'), 'ops': len(m.program.ops)}
+            'c_lines': m.source.count('\n'), 'ops': len(m.program.ops)}, run
 
 
 def measure_interpreter(setup, steps, limit):
@@ -122,9 +136,9 @@ def measure_interpreter(setup, steps, limit):
     return {'name': 'interpreter', 'runs': [seconds], 'losses': losses}
 
 
-def measure_torch(torch, setup, steps, repeats):
-    """microgpt in PyTorch, float64, one thread, from the same initial weights,
-    trained ``repeats`` times (a fresh model and optimizer each time)."""
+def prepare_torch(torch, setup, steps):
+    """microgpt in PyTorch, float64, one thread; the row and a run that trains
+    a fresh model and optimizer from the same initial weights."""
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -198,26 +212,19 @@ def measure_torch(torch, setup, steps, repeats):
             losses.append(loss.item())
         return seconds, losses
 
-    runs = [one_run() for _ in range(repeats)]
-    return {'name': 'PyTorch float64', 'runs': [seconds for seconds, _ in runs], 'losses': runs[0][1],
-            'torch': torch.__version__, 'threads': torch.get_num_threads()}
+    return {'name': 'PyTorch float64', 'runs': [], 'losses': None,
+            'torch': torch.__version__, 'threads': torch.get_num_threads()}, one_run
 
 
-def measure_numpy(setup, steps, repeats):
-    """``microgpt_numpy.NumpyGPT`` from the same initial weights, trained
-    ``repeats`` times (a fresh model each time, the same losses every time)."""
+def prepare_numpy(setup, steps):
+    """``microgpt_numpy.NumpyGPT``; the row and a run that trains a fresh one
+    from the same initial weights."""
     import numpy as np
 
     _, _, config, weights, _ = setup
-    runs, losses = [], None
-    for _ in range(repeats):
-        seconds, run_losses = timed_run(NumpyGPT(config, weights, LR), setup, steps)
-        if losses is not None and run_losses != losses:
-            raise RuntimeError("numpy gave other losses when trained again from the same weights")
-        runs.append(seconds)
-        losses = run_losses
-    return {'name': 'numpy', 'runs': runs, 'losses': losses, 'numpy': np.__version__,
-            'blas_threads': os.environ['OPENBLAS_NUM_THREADS']}
+    return {'name': 'numpy', 'runs': [], 'losses': None, 'numpy': np.__version__,
+            'blas_threads': os.environ['OPENBLAS_NUM_THREADS']}, \
+        lambda: timed_run(NumpyGPT(config, weights, LR), setup, steps)
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -342,7 +349,8 @@ def parse_args(argv=None):
     p.add_argument('--block-size', metavar='N', type=number(int, 1), default=DEFAULT_SIZE['block_size'],
                    help='most positions of a name (default: %(default)s)')
     p.add_argument('--repeats', type=int, default=5,
-                   help='training runs of ours and of PyTorch; ms/step is the median run (default: %(default)s)')
+                   help='training runs of ours, PyTorch and numpy, in turn; ms/step is the median run '
+                        '(default: %(default)s)')
     p.add_argument('--no-torch', action='store_true', help='skip PyTorch even if it is installed')
     p.add_argument('--no-numpy', action='store_true', help='skip the numpy port')
     p.add_argument('--quick', action='store_true', help='CI smoke run: 30 steps, 2 runs, 3 steps on the interpreter')
@@ -386,19 +394,20 @@ def main(argv=None):
                          'n_head': config.n_head, 'block_size': config.block_size, 'quick': args.quick,
                          'params': sum(rows * cols for _, rows, cols in gpt.matrix_shapes(config)),
                          'default_size': size == DEFAULT_SIZE}}
-    log(f"ours: compiling ({args.cc or 'default compiler'}) and training {args.steps} steps")
-    ours = measure_ours(setup, args.steps, args.cc, args.repeats)
+    log(f"ours: compiling ({args.cc or 'default compiler'})")
+    systems = [prepare_ours(setup, args.steps, args.cc)]
+    torch = None if args.no_torch else import_torch()
+    if torch:
+        systems.append(prepare_torch(torch, setup, args.steps))
+    if not args.no_numpy:
+        systems.append(prepare_numpy(setup, args.steps))
+    log(f"{', '.join(row['name'] for row, _ in systems)}: {args.repeats} x {args.steps} steps, in turn")
+    ours, *others = alternate(systems, args.repeats)
     results = [summarise(ours, ours)]
     if args.interpreter_steps:
         log(f"interpreter: {args.interpreter_steps} steps")
         results.append(summarise(measure_interpreter(setup, args.steps, args.interpreter_steps), ours))
-    torch = None if args.no_torch else import_torch()
-    if torch:
-        log(f"PyTorch: {args.steps} steps")
-        results.append(summarise(measure_torch(torch, setup, args.steps, args.repeats), ours))
-    if not args.no_numpy:
-        log(f"numpy: {args.steps} steps")
-        results.append(summarise(measure_numpy(setup, args.steps, args.repeats), ours))
+    results += [summarise(row, ours) for row in others]
     for r in results[1:]:
         compare_losses(r, ours)
     report['results'] = results

@@ -136,7 +136,7 @@ def test_adam_differs_when_the_rate_does():
 @pytest.mark.skipif(FAST_CC is None, reason='no C compiler installed')
 def test_training_tracks_the_compiled_model():
     """Five steps of the 1,000-step schedule from the same weights: the same
-    losses to 1e-12 relative, the parameters within 1e-9."""
+    losses to 1e-12 relative, the parameters within 1e-9, then the same logits."""
     steps, limit, lr = 1000, 5, 1e-2
     compiled = gpt.CompiledGPT(SMALL, SMALL_WEIGHTS, lr, cc=FAST_CC)
     ours = gpt.train(compiled, NAMES, TOKENIZER, SMALL, steps, lr, limit=limit)
@@ -147,3 +147,5 @@ def test_training_tracks_the_compiled_model():
         assert abs(a - b) <= 1e-12 * abs(a), (a, b)
     assert np.abs(np.array(compiled.params()) - model.flat).max() < 1e-9
     assert ours.losses[-1] != ours.losses[0]        # it trained
+    tokens = TOKENIZER.encode('emma')[:4]           # sampling's next-token logits too
+    assert np.allclose(model.next_logits(tokens), compiled.next_logits(tokens), rtol=1e-9, atol=1e-12)
