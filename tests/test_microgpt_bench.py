@@ -16,6 +16,7 @@ from tests.differential import FAST_CC
 
 BENCH = Path(__file__).resolve().parent.parent / 'benchmarks' / 'bench_microgpt.py'
 RESULT_FIELDS = {'name', 'runs', 'repeats', 'losses', 'steps_timed', 'ms_per_step', 'ms_per_step_median',
+                 'ours_faster_median_step',
                  'ours_faster', 'loss_first100', 'loss_last100'}
 
 
@@ -40,7 +41,7 @@ def test_quick_run_reports_every_field(tmp_path):
         assert row['steps_timed'] == 30 and row['repeats'] == 2
         assert row['first_loss_relative_difference'] < 1e-12
         assert row['max_abs_loss_difference'] < 1e-9
-    assert '| numpy | – | 2 x 30 |' in r.stdout
+    assert '| numpy | – | 2 x 30 |' in r.stdout and '| ours faster | (median steps) |' in r.stdout
     assert [t[0] for t in report['targets']].count('ours vs numpy per step') == 1
     assert report['config']['default_size'] and report['config']['params'] == 4192
 
