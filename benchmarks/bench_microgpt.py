@@ -35,7 +35,8 @@ One thread for PyTorch and numpy: this script sets ``OMP_NUM_THREADS``,
 ``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` to 1 before numpy (or
 PyTorch) is imported, whatever they were, and calls
 ``torch.set_num_threads(1)``. Ours runs with its default threads
-(``$MICROGRAD_THREADS``), which give the same bits at any count.
+(``$MICROGRAD_THREADS``, else the cores it may use; the table's second line
+says how many), which give the same bits at any count.
 
 ms/step is the mean time of one training step (the name's inputs, forward,
 backward, the optimizer step) over a run, the median run of ``--repeats``
@@ -132,7 +133,7 @@ def prepare_ours(setup, steps, cc):
     return {'name': f"ours ({' '.join([build.toolchain.family, *level])})", 'runs': [], 'losses': None,
             'compile_s': total, 'graph_s': total - sum(m.timings.values()),
             'timings': dict(m.timings), 'compiler': build.toolchain.version, 'flags': build.flags_text().split(' '),
-            'c_lines': m.source.count('\n'), 'ops': len(m.program.ops)}, run
+            'c_lines': m.source.count('\n'), 'ops': len(m.program.ops), 'threads': m.threads}, run
 
 
 def measure_interpreter(setup, steps, limit):
@@ -287,7 +288,8 @@ def table(report):
              f"microgpt n_embd {c['n_embd']}, {c['n_layer']} layer{'s' * (c['n_layer'] != 1)}, "
              f"{c['n_head']} head{'s' * (c['n_head'] != 1)}, block {c['block_size']}, {c['params']:,} parameters; "
              f"{c['steps']} steps, seed {c['seed']}; ours: {ours['compiler']} [{' '.join(ours['flags'])}], "
-             f"{ours['ops']:,} ops, {ours['c_lines']:,} lines of C",
+             f"{ours['ops']:,} ops, {ours['c_lines']:,} lines of C, {ours['threads']} thread{'s' * (ours['threads'] != 1)}; "
+             f"PyTorch and numpy one thread",
              '',
              '| system | compile s | runs x steps | ms/step | median step ms | ours faster | (median steps) '
              '| loss first 100 | loss last 100 | losses vs ours |',
