@@ -56,8 +56,7 @@ def problem():
 
 
 def _build_and_load():
-    from compiler.build import BuildRequest, build_extension, default_flags, find_compiler
-    from compiler.build.flags import DEFAULT_TIMEOUT
+    from compiler.build import DEFAULT_TIMEOUT, BuildRequest, build_extension, default_flags, find_compiler
     from compiler.load import load_module
     from compiler.templates import read_template
     toolchain = find_compiler(None)
