@@ -1,0 +1,63 @@
+"""Large tables of the generated C as hex blobs (compiler/codegen/blob.py):
+the op table and the constants, unpacked once, give the interpreter's bits
+(NaN, infinities and -0.0 among the constants) with every compiler."""
+import math
+import random
+
+import pytest
+
+from compiler.codegen import blob, table
+from tests.differential import COMPILERS, assert_matches_interpreter, assert_train_batch_matches_interpreter
+from tests.graphs import mlp_builder
+from tests.test_op_table import EDGES, edge_graph
+
+pytestmark = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
+
+
+@pytest.fixture
+def always_blobs(monkeypatch):
+    monkeypatch.setattr(table, 'TABLE_MIN_OPS', 0)
+    monkeypatch.setattr(blob, 'MIN_VALUES', 0)
+
+
+def constants_graph(inputs, params):
+    """Constants of every kind (NaN, infinities, -0.0, subnormals, huge) the ops wrap."""
+    x, y = inputs
+    w, = params
+    loss = x * w
+    for c in (math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, 0.1, -2.5):
+        loss = loss + micrograd_max(x * c, y) * w
+    return loss, [loss]
+
+
+def micrograd_max(a, b):
+    import micrograd
+    return micrograd.max(a, b)
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_blobs_give_the_interpreters_bits(always_blobs, cc):
+    samples = [[a, b] for a in EDGES[::2] for b in EDGES[1::3]]
+    m = assert_matches_interpreter(constants_graph, samples, [0.75], cc, vectorize=False, input_grads=True)
+    assert 'vm_packed' in m.source and 'value_hex' in m.source
+    m = assert_matches_interpreter(edge_graph, samples, [0.5, -0.0], cc, vectorize=True, input_grads=True)
+    assert 'vm_packed' in m.source
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_training_from_blobs(always_blobs, cc):
+    sizes = [3, 4, 2]
+    rng = random.Random(1)
+    n = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+    params = [rng.uniform(-1, 1) for _ in range(n)]
+    X = [[rng.uniform(-1, 1) for _ in range(3)] + [0.0, 1.0] for _ in range(5)]
+    assert_train_batch_matches_interpreter(mlp_builder(sizes), X, params, 0.1, cc, steps=2, vectorize=False)
+
+
+def test_the_blob_literal_is_the_bytes():
+    data = bytes(range(256)) * 3
+    text = blob.literal('x', data)
+    assert text.startswith('static const char x[] =\n"') and text.endswith('";')
+    digits = ''.join(line.strip().strip('";').split('"')[-1] for line in text.splitlines()[1:])
+    assert bytes.fromhex(digits) == data
+    assert max(len(line) for line in text.splitlines()) <= blob.LINE + 3
