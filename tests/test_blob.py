@@ -61,3 +61,18 @@ def test_the_blob_literal_is_the_bytes():
     digits = ''.join(line.strip().strip('";').split('"')[-1] for line in text.splitlines()[1:])
     assert bytes.fromhex(digits) == data
     assert max(len(line) for line in text.splitlines()) <= blob.LINE + 3
+
+
+def test_the_build_reports_the_op_table(monkeypatch):
+    import compiler
+    from tests.differential import FAST_CC
+    from tests.graphs import every_op_graph
+    loss, inputs, params, outputs = every_op_graph()
+    m = compiler.compile(loss, inputs, params, outputs, cc=FAST_CC)
+    assert m.build.table_ops == 0 and m.build.scalar_code() == 'straight-line statements'
+    monkeypatch.setattr(table, 'TABLE_MIN_OPS', 0)
+    m = compiler.compile(loss, inputs, params, outputs, cc=FAST_CC)
+    n = m.source.count('\n') and int(m.source.split('the scalar op table: ')[1].split(' ops')[0].replace(',', ''))
+    assert m.build.table_ops == n > 0
+    assert m.build.scalar_code() == f'an op table of {n:,} scalar ops, one C loop each way'
+    assert 'op table' in m.summary()

@@ -52,13 +52,15 @@ class Source(str):
     that build in parallel and are cached one by one (``parts``: ``[(name,
     text)]``; the loop kernels' part is the same for every program).
     ``statements``: the straight-line statements, what compile time grows
-    with; ``straight``: the names of the parts that hold them."""
+    with; ``straight``: the names of the parts that hold them; ``table_ops``:
+    the scalar ops that run from the op table (compiler/codegen/table.py)."""
 
-    def __new__(cls, text, parts=(), statements=0, straight=()):
+    def __new__(cls, text, parts=(), statements=0, straight=(), table_ops=0):
         source = super().__new__(cls, text)
         source.parts = list(parts)
         source.statements = statements
         source.straight = frozenset(straight)
+        source.table_ops = table_ops
         return source
 
 
@@ -202,13 +204,15 @@ def emit_module(program, optimizer=None, initial_params=None):
     every_segment = '\n'.join(t for part in segments for t in part)
     single = module_unit(every_segment + '\n' + body, kernel_code)
     if not kernel_code and len(segments) <= 1:
-        return Source(single, [('module', single)], prog.functions.statements)   # small: one unit
+        return Source(single, [('module', single)], prog.functions.statements,   # small: one unit
+                      table_ops=prog.table.n if prog.table else 0)
     parts = [('module', module_unit(body, ''))]
     common = prologue(numbers_c, python=False) + '\n' + read_template('contract.h')
     if kernel_code:
         parts.append(('kernels', '\n'.join([common, read_template('kernels_api.c'), kernel_code])))
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
-    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight])
+    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight],
+                  table_ops=prog.table.n if prog.table else 0)
 
 
 # core.h's names, as nn.h spells them (a user's program sees only nn.h)
