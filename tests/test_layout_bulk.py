@@ -145,3 +145,31 @@ def test_the_analyses_over_arrays_and_lifted_ops(case):
     assert features(fresh(program)) == features(reference)
     assert inputs_used(fresh(program)) == inputs_used(reference)
     assert program._ops is None
+
+
+def reference_runs(at):
+    runs, i = [], 0
+    while i < len(at):
+        step = at[i + 1] - at[i] if i + 1 < len(at) else 1
+        j = i + 1
+        while j < len(at) and at[j] - at[j - 1] == step:
+            j += 1
+        runs.append(f'{{{j - i}, {i}, 1, {at[i]}, {step}}}')
+        i = j
+    return runs or ['{0, 0, 1, 0, 1}']
+
+
+def test_param_runs_found_in_bulk_are_the_runs():
+    import random
+    from types import SimpleNamespace
+    from compiler.codegen.module import _runs
+    rng = random.Random(0)
+    for _ in range(2000):
+        n = rng.randint(0, 12)
+        if rng.random() < 0.5:
+            at = [rng.choice([0, 1, 2, 3, 5, 8]) + i * rng.choice([0, 1, 1, 2]) for i in range(n)]
+        else:
+            at = sorted(rng.sample(range(40), n))
+        program = SimpleNamespace(param_slots=list(range(n)))
+        layout = SimpleNamespace(loc=-1 - np.array(at, dtype=np.int64))
+        assert _runs(program, layout) == reference_runs(at), at

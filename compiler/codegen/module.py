@@ -27,6 +27,8 @@ Python's headers. The CPython module is opt-in: its builds pass
 import hashlib
 import re
 
+import numpy as np
+
 from compiler.codegen import optimizer as optimizer_c
 from compiler.codegen.program import _Program
 from compiler.codegen.scalar import c_double
@@ -83,17 +85,27 @@ def _kernels():
 
 def _runs(program, layout):
     """``PARAM_RUNS``: where each parameter (in the user's order) is in ``p``,
-    as runs ``{count, user start, user step, p start, p step}``."""
-    at = [layout.shared_index(s) for s in program.param_slots]
-    runs, i = [], 0
-    while i < len(at):
-        step = at[i + 1] - at[i] if i + 1 < len(at) else 1
-        j = i + 1
-        while j < len(at) and at[j] - at[j - 1] == step:
-            j += 1
+    as runs ``{count, user start, user step, p start, p step}`` (found with
+    numpy: a run continues while the step between neighbours stays the same)."""
+    at = -1 - layout.loc[np.asarray(program.param_slots, dtype=np.int64)]
+    n = len(at)
+    if not n:
+        return ['{0, 0, 1, 0, 1}']
+    runs, i, steps = [], 0, np.diff(at)
+    # where the step changes: a run starting at i takes i + 1 (its step) and
+    # every later parameter while the step stays steps[i]
+    change = np.flatnonzero(np.diff(steps) != 0) + 1 if len(steps) > 1 else np.zeros(0, dtype=np.int64)
+    change = change.tolist()
+    at = at.tolist()
+    k = 0
+    while i < n:
+        step = at[i + 1] - at[i] if i + 1 < n else 1
+        while k < len(change) and change[k] <= i:
+            k += 1
+        j = change[k] + 1 if k < len(change) else n      # steps[i..j-2] all equal step
         runs.append(f'{{{j - i}, {i}, 1, {at[i]}, {step}}}')
         i = j
-    return runs or ['{0, 0, 1, 0, 1}']
+    return runs
 
 
 def _output_positions(program, cuts):
