@@ -149,13 +149,35 @@ typedef struct {
     long pow_code;
     int64_t n_declared;
     Table seen;                                /* Value -> provisional number */
-    Buffer order;                              /* the Values in the order they were met */
+    int want_slots;
+    Buffer order;                              /* the Values in the order they were met (want_slots) */
+    Buffer labels;                             /* Label: the labelled Values' numbers and labels */
     Buffer code, a, b, constants;
     PyObject *k, *constant_values;
     Buffer stack_nodes, stack_next;
 } Walk;
 
 #define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
+
+typedef struct {
+    int64_t number;
+    PyObject *label;          /* a new reference */
+} Label;
+
+/* Notes ``v``'s label, if it is a str that is not empty (as trace.py's
+   ``v.label and type(v.label) is str``), while ``v`` is at hand. */
+static int
+note_label(Walk *w, PyObject *v, int64_t number)
+{
+    PyObject *label = SLOT(v, w->label);
+    if (label == NULL || !PyUnicode_CheckExact(label) || PyUnicode_GET_LENGTH(label) == 0)
+        return 0;
+    Label item = {number, label};
+    if (buffer_push(&w->labels, &item, sizeof item) < 0)
+        return -1;
+    Py_INCREF(label);
+    return 0;
+}
 
 static int
 is_value(const Walk *w, PyObject *v)
@@ -212,7 +234,7 @@ meet(Walk *w, PyObject *v)
         return 0;
     if (table_add(&w->seen, v, PENDING) < 0)
         return -1;
-    if (buffer_push(&w->order, &v, sizeof v) < 0)
+    if (w->want_slots && buffer_push(&w->order, &v, sizeof v) < 0)
         return -1;
     return 1;
 }
@@ -254,7 +276,7 @@ finish(Walk *w, PyObject *v)
         if (PyList_Append(w->constant_values, v) < 0)
             return -1;
         e->number = -1 - (w->n_declared + (int64_t)(w->constants.size / sizeof(double)) - 1);
-        return 1;
+        return note_label(w, v, e->number) < 0 ? -1 : 1;
     }
     if (name == NULL || !PyUnicode_CheckExact(name))
         return 0;
@@ -291,7 +313,7 @@ finish(Walk *w, PyObject *v)
     PUSH(w->a, int64_t, x);
     PUSH(w->b, int64_t, y);
     e->number = index;
-    return 1;
+    return note_label(w, v, index) < 0 ? -1 : 1;
 no_memory:
     PyErr_NoMemory();
     return -1;
@@ -368,26 +390,23 @@ results(Walk *w, Py_ssize_t n_cone, PyObject *lookup, int want_slots)
     slots = want_slots ? PyDict_New() : (Py_INCREF(Py_None), Py_None);
     if (looked_up == NULL || labels == NULL || slots == NULL)
         goto done;
+    Label *noted = (Label *)w->labels.data;
+    for (size_t i = 0; i < w->labels.size / sizeof(Label); i++) {
+        PyObject *pair = Py_BuildValue("(LO)", (long long)noted[i].number, noted[i].label);
+        if (pair == NULL || PyList_Append(labels, pair) < 0) {
+            Py_XDECREF(pair);
+            goto done;
+        }
+        Py_DECREF(pair);
+    }
     PyObject **order = (PyObject **)w->order.data;
-    for (size_t i = 0; i < w->order.size / sizeof(PyObject *); i++) {
-        PyObject *v = order[i], *label = SLOT(v, w->label);
-        int64_t number = table_find(&w->seen, v)->number;
-        if (label != NULL && PyUnicode_CheckExact(label) && PyUnicode_GET_LENGTH(label) > 0) {
-            PyObject *pair = Py_BuildValue("(LO)", (long long)number, label);
-            if (pair == NULL || PyList_Append(labels, pair) < 0) {
-                Py_XDECREF(pair);
-                goto done;
-            }
-            Py_DECREF(pair);
+    for (size_t i = 0; want_slots && i < w->order.size / sizeof(PyObject *); i++) {
+        PyObject *v = order[i], *n = PyLong_FromLongLong(table_find(&w->seen, v)->number);
+        if (n == NULL || PyDict_SetItem(slots, v, n) < 0) {
+            Py_XDECREF(n);
+            goto done;
         }
-        if (want_slots) {
-            PyObject *n = PyLong_FromLongLong(number);
-            if (n == NULL || PyDict_SetItem(slots, v, n) < 0) {
-                Py_XDECREF(n);
-                goto done;
-            }
-            Py_DECREF(n);
-        }
+        Py_DECREF(n);
     }
     out = Py_BuildValue("(NNNONOnNOO)", bytes_of(&w->code), bytes_of(&w->a), bytes_of(&w->b), w->k,
                         bytes_of(&w->constants), w->constant_values, n_cone, looked_up, labels, slots);
@@ -423,6 +442,7 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     w.n_codes = PyList_GET_SIZE(args[6]);
     w.pow_code = PyLong_AsLong(args[7]);
     int want_slots = PyObject_IsTrue(args[9]);
+    w.want_slots = want_slots;
     if (w.n_codes > 64 || (w.pow_code == -1 && PyErr_Occurred()) || want_slots < 0) {
         PyErr_SetString(PyExc_ValueError, "walk: at most 64 op codes, an int pow_code");
         return NULL;
@@ -448,7 +468,8 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             s = 0;              /* not a Value, or listed twice */
             goto done;
         }
-        if (table_add(&w.seen, v, -1 - (int64_t)i) < 0 || buffer_push(&w.order, &v, sizeof v) < 0)
+        if (table_add(&w.seen, v, -1 - (int64_t)i) < 0 || note_label(&w, v, -1 - (int64_t)i) < 0
+                || (want_slots && buffer_push(&w.order, &v, sizeof v) < 0))
             goto done;
     }
     PyObject *roots = PyList_New(1);
@@ -468,6 +489,9 @@ done:
         PyErr_NoMemory();
     free(w.seen.entries);
     free(w.order.data);
+    for (size_t i = 0; i < w.labels.size / sizeof(Label); i++)
+        Py_DECREF(((Label *)w.labels.data)[i].label);
+    free(w.labels.data);
     free(w.code.data);
     free(w.a.data);
     free(w.b.data);
