@@ -76,3 +76,21 @@ def test_the_build_reports_the_op_table(monkeypatch):
     assert m.build.table_ops == n > 0
     assert m.build.scalar_code() == f'an op table of {n:,} scalar ops, one C loop each way'
     assert 'op table' in m.summary()
+
+
+def exponents_graph(inputs, params):
+    """Exponents that are equal as numbers but not as bits (0.0 and -0.0), and repeated ones."""
+    x, y = inputs
+    w, = params
+    terms = [x ** 0.0, x ** -0.0, (x * w) ** 2, (y * w) ** 2, y ** -0.0, x ** 3, (x + y) ** 0.0]
+    loss = terms[0] * w
+    for t in terms[1:]:
+        loss = loss + t * w
+    return loss, terms
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_the_table_keeps_exponents_apart_by_their_bits(always_blobs, cc):
+    samples = [[a, b] for a in EDGES[::2] for b in EDGES[1::2]]
+    m = assert_matches_interpreter(exponents_graph, samples, [0.75], cc, vectorize=False, input_grads=True)
+    assert 'static const double vm_k[4] =' in m.source     # the distinct exponents 0.0, -0.0, 2.0, 3.0

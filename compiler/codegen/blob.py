@@ -10,7 +10,7 @@ each blob once, at the first state's ``init_constants``, into a static array
 import numpy as np
 
 # Hex digits per line of a blob's literal.
-LINE = 128
+LINE = 1024
 # Values from which a table of constants is a blob (fewer: readable initializers).
 MIN_VALUES = 4096
 

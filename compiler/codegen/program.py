@@ -247,6 +247,8 @@ class _Program:
     def forward(self):
         """``forward_rows``: every op; a sequence stops after ``b->upto``
         positions, its loss then the mean of theirs."""
+        if self.table is not None and not self.cuts:
+            return self._table_steps(0, self.program.n_ops, 'forward')
         ops = self._indexed(self.program.n_ops)
         if not self.cuts:
             return self._steps(ops, 'forward')
@@ -264,6 +266,8 @@ class _Program:
     def backward(self):
         """``backward_rows``: the loss's cone in reverse; a sequence enters at
         position ``b->upto``."""
+        if self.table is not None and not self.cuts:
+            return self._table_steps(0, self.program.n_grad_ops, 'backward')
         grad_ops = self._indexed(self.program.n_grad_ops)
         if not self.cuts:
             return self._steps(list(reversed(grad_ops)), 'backward')

@@ -52,10 +52,13 @@ class OpTable:
         self.out = loc[arrays.out]
         self.a = loc[arrays.a]
         self.b = np.where(binary, loc[b_slot], 0)
-        # the exponents of '**': each its own entry of vm_k
+        # the exponents of '**': one entry of vm_k per distinct exponent (told
+        # apart by their bits: -0.0 is not 0.0, nor one NaN another)
         pows = np.flatnonzero(code == _POW)
-        self.k = [arrays.k[i] for i in pows.tolist()]
-        self.b[pows] = np.arange(len(pows))
+        ks = np.array([arrays.k[i] for i in pows.tolist()], dtype=np.float64)
+        bits, index = np.unique(ks.view(np.int64), return_inverse=True)
+        self.k = bits.view(np.float64).tolist()
+        self.b[pows] = index.reshape(-1)
         # where each operand's gradient goes
         grads = np.zeros((len(OP_NAMES), 2), dtype=bool)
         for name, row in SCALAR_C.items():
