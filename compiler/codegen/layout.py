@@ -89,8 +89,9 @@ class _Places:
 
     def __init__(self, loc, row, shared, no_shared_from=None):
         self._loc = loc                     # list: the row index, or -1 - the shared index
-        self._row, self._shared = row, shared
-        self._none_from = no_shared_from    # shared slots from here have no place (constants' gradients)
+        self._row, self._shared = row + '[%d]', shared + '[%d]'
+        self._none_from = len(loc) if no_shared_from is None else no_shared_from
+        # (shared slots from _none_from have no place: constants' gradients)
 
     def __len__(self):
         return len(self._loc)
@@ -98,19 +99,15 @@ class _Places:
     def __getitem__(self, slot):
         x = self._loc[slot]
         if x >= 0:
-            return f'{self._row}[{x}]'
-        if self._none_from is not None and slot >= self._none_from:
-            return None
-        return f'{self._shared}[{-1 - x}]'
+            return self._row % x
+        return None if slot >= self._none_from else self._shared % (-1 - x)
 
     def __iter__(self):
         return (self[s] for s in range(len(self._loc)))
 
     def all(self):
         """Every slot's place, as a list (for rendering many statements)."""
-        row, shared, none_from = self._row + '[%d]', self._shared + '[%d]', self._none_from
-        if none_from is None:
-            none_from = len(self._loc)
+        row, shared, none_from = self._row, self._shared, self._none_from
         return [row % x if x >= 0 else (shared % (-1 - x) if s < none_from else None)
                 for s, x in enumerate(self._loc)]
 

@@ -148,21 +148,13 @@ class ScalarRenderer:
         self.grad = layout.grad
         program = layout.program
         self._params = (program.param_start, program.param_end)
-        self._all = None
-
-    def _places(self):
-        """Every slot's value and gradient location as lists: what rendering
-        many statements indexes (built once, in bulk)."""
-        if self._all is None:
-            self._all = self.value.all(), self.grad.all()
-        return self._all
 
     def forward_lines(self, ops, other):
         """``forward`` of each op of ``ops`` in order (``other(op)``: the lines
         of an op that is not an ``Op``, a ``Sum``):
         each scalar op one ``str.format`` of its row's template (the
         templates are the op table's own text, see ``_TEMPLATES``)."""
-        value, lines = self._places()[0], []
+        value, lines = self.value, []
         append = lines.append
         for op in ops:
             if type(op) is not Op:
@@ -183,7 +175,7 @@ class ScalarRenderer:
         an op that is not an ``Op``). A
         parameter's contribution may be recorded (``add``); every other
         operand's is added to its gradient in place."""
-        (value, grad), lines = self._places(), []
+        value, grad, lines = self.value, self.grad, []
         append = lines.append
         p0, p1 = self._params
         for op in ops:
