@@ -173,3 +173,23 @@ def test_param_runs_found_in_bulk_are_the_runs():
         program = SimpleNamespace(param_slots=list(range(n)))
         layout = SimpleNamespace(loc=-1 - np.array(at, dtype=np.int64))
         assert _runs(program, layout) == reference_runs(at), at
+
+
+@pytest.mark.parametrize('vectorize_on', [True, False])
+def test_output_positions_found_from_the_arrays(vectorize_on):
+    from compiler.codegen.layout import ScalarPart
+    from compiler.codegen.module import _output_positions
+    from compiler.ir import prefix_cuts
+    from tests.test_sequences import T, V, tiny_lm
+    build, params = tiny_lm()
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    program = trace_graph(losses, inputs, params, [*logits, losses[0], params[0], inputs[1]])[0]
+    if vectorize_on:
+        program = vectorize(program)
+    cuts = prefix_cuts(program)
+    at = {slot: i for i, op in enumerate(program.ops) for slot in op.writes}
+    expected = [0 if s not in at or s == program.loss else
+                next((n for n, cut in enumerate(cuts, 1) if at[s] <= cut), len(cuts)) for s in program.outputs]
+    assert _output_positions(fresh(program), cuts, ScalarPart.of(program)) == expected
+    assert sorted(set(expected)) == list(range(T + 1))

@@ -108,13 +108,19 @@ def _runs(program, layout):
     return runs
 
 
-def _output_positions(program, cuts):
+def _output_positions(program, cuts, part):
     """For each output, the position of a sequence from which forward
     computes it (ops[:cuts[n - 1] + 1] run for n positions; after the last
-    cut: only all of them), 0 when every forward does (a leaf, the loss)."""
+    cut: only all of them), 0 when every forward does (a leaf, the loss).
+    ``part``: the program's ``layout.ScalarPart`` (where the scalar ops are)."""
     if not cuts:
         return [0] * len(program.outputs)
-    at = {slot: i for i, op in enumerate(program.ops) for slot in op.writes}
+    at = {slot: i for i, op in part.lifted for slot in op.writes}
+    outs = np.asarray(program.outputs, dtype=np.int64)
+    j = np.minimum(np.searchsorted(part.arrays.out, outs), max(0, len(part.arrays.out) - 1))
+    for slot, k in zip(program.outputs, j.tolist()):
+        if len(part.arrays.out) and part.arrays.out[k] == slot:
+            at[slot] = int(part.positions[k])
 
     def position(slot):
         if slot not in at or slot == program.loss:
@@ -200,7 +206,8 @@ def emit_module(program, optimizer=None, initial_params=None):
     tables = [_table('int', 'PARAM_RUNS[N_PARAM_RUNS][5]', runs),
               _table('int', 'OUTPUT_AT[]', [str(layout.row_index(s)) if layout.is_row(s)
                                            else str(-layout.shared_index(s) - 1) for s in program.outputs]),
-              _table('int', 'OUTPUT_POSITION[]', [str(n) for n in _output_positions(program, prog.cuts)]),
+              _table('int', 'OUTPUT_POSITION[]',
+                     [str(n) for n in _output_positions(program, prog.cuts, layout.scalar_part)]),
               _table('int', 'FEATURES[]', [str(f) for f in feats])]
     if initial_params is not None:
         tables.append(_table('double', 'INITIAL_PARAMS[]', [c_double(x) for x in initial_params] or ['0.0']))
