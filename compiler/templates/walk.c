@@ -57,6 +57,7 @@ typedef struct {
 typedef struct {
     Entry *entries;
     size_t mask, used;
+    size_t grown;             /* times it grew: entries moved */
 } Table;
 
 static size_t
@@ -88,18 +89,20 @@ table_init(Table *t, size_t capacity)
     return t->entries ? 0 : -1;
 }
 
-/* Enter ``key`` (not yet present) with ``number``; keeps the load below 1/2. */
-static int
-table_add(Table *t, PyObject *key, int64_t number)
+/* Enter ``key`` (not yet present) with ``number``: its entry, or NULL (no
+   memory). Keeps the load below 1/2: growing moves every entry. */
+static Entry *
+table_put(Table *t, PyObject *key, int64_t number)
 {
     if (2 * (t->used + 1) > t->mask + 1) {
         Table bigger;
         if (table_init(&bigger, 2 * (t->mask + 1)) < 0)
-            return -1;
+            return NULL;
         for (size_t i = 0; i <= t->mask; i++)
             if (t->entries[i].key != NULL)
                 *table_find(&bigger, t->entries[i].key) = t->entries[i];
         bigger.used = t->used;
+        bigger.grown = t->grown + 1;
         free(t->entries);
         *t = bigger;
     }
@@ -107,7 +110,13 @@ table_add(Table *t, PyObject *key, int64_t number)
     e->key = key;
     e->number = number;
     t->used++;
-    return 0;
+    return e;
+}
+
+static int
+table_add(Table *t, PyObject *key, int64_t number)
+{
+    return table_put(t, key, number) ? 0 : -1;
 }
 
 /* -- growable arrays ------------------------------------------------------ */
@@ -154,8 +163,16 @@ typedef struct {
     Buffer labels;                             /* Label: the labelled Values' numbers and labels */
     Buffer code, a, b, constants;
     PyObject *k, *constant_values;
-    Buffer stack_nodes, stack_next;
+    Buffer frames;                             /* Frame: the walk's stack */
 } Walk;
+
+/* A Value on the walk's stack. */
+typedef struct {
+    PyObject *v;
+    Entry *entry;             /* its entry in the table (found again when the table grows) */
+    Py_ssize_t next;          /* its next operand to look at */
+    int64_t operand[2];       /* the numbers of its first two operands, as they are found */
+} Frame;
 
 #define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
 
@@ -223,7 +240,8 @@ knows_value_type(Walk *w)
    -1: out of memory (an exception is set). */
 typedef int Status;
 
-/* ``v`` met for the first time: numbered PENDING until it finishes. */
+/* ``v`` met for the first time: numbered PENDING until it finishes, and
+   pushed on the stack. */
 static Status
 meet(Walk *w, PyObject *v)
 {
@@ -232,7 +250,16 @@ meet(Walk *w, PyObject *v)
     PyObject *prev = SLOT(v, w->prev);
     if (prev == NULL || !PyTuple_CheckExact(prev))
         return 0;
-    if (table_add(&w->seen, v, PENDING) < 0)
+    size_t grown = w->seen.grown;
+    Frame frame = {v, table_put(&w->seen, v, PENDING), 0, {NO_OPERAND, NO_OPERAND}};
+    if (frame.entry == NULL)
+        return -1;
+    if (w->seen.grown != grown) {       /* the entries moved: find the stack's again */
+        Frame *frames = (Frame *)w->frames.data;
+        for (size_t i = 0; i < w->frames.size / sizeof(Frame); i++)
+            frames[i].entry = table_find(&w->seen, frames[i].v);
+    }
+    if (buffer_push(&w->frames, &frame, sizeof frame) < 0)
         return -1;
     if (w->want_slots && buffer_push(&w->order, &v, sizeof v) < 0)
         return -1;
@@ -259,13 +286,13 @@ real(PyObject *x, double *out)
     return 0;
 }
 
-/* ``v``'s operands are numbered: number it. */
+/* ``f``'s Value has its operands numbered (``f->operand``): number it (``*number``). */
 static Status
-finish(Walk *w, PyObject *v)
+finish(Walk *w, const Frame *f, int64_t *number)
 {
-    PyObject *prev = SLOT(v, w->prev), *name = SLOT(v, w->op);
+    PyObject *v = f->v, *prev = SLOT(v, w->prev), *name = SLOT(v, w->op);
     Py_ssize_t n = PyTuple_GET_SIZE(prev);
-    Entry *e = table_find(&w->seen, v);
+    Entry *e = f->entry;
     if (n == 0) {
         double data;
         if (name == NULL || !PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) != 0)
@@ -275,7 +302,7 @@ finish(Walk *w, PyObject *v)
         PUSH(w->constants, double, data);
         if (PyList_Append(w->constant_values, v) < 0)
             return -1;
-        e->number = -1 - (w->n_declared + (int64_t)(w->constants.size / sizeof(double)) - 1);
+        e->number = *number = -1 - (w->n_declared + (int64_t)(w->constants.size / sizeof(double)) - 1);
         return note_label(w, v, e->number) < 0 ? -1 : 1;
     }
     if (name == NULL || !PyUnicode_CheckExact(name))
@@ -289,14 +316,7 @@ finish(Walk *w, PyObject *v)
     long code = PyLong_AsLong(found);
     if (code < 0 || code >= w->n_codes || w->arities[code] != n)
         return 0;
-    int64_t x = table_find(&w->seen, PyTuple_GET_ITEM(prev, 0))->number, y = NO_OPERAND;
-    if (x == PENDING)
-        return 0;               /* a cycle */
-    if (n == 2) {
-        y = table_find(&w->seen, PyTuple_GET_ITEM(prev, 1))->number;
-        if (y == PENDING)
-            return 0;
-    }
+    int64_t x = f->operand[0], y = n == 2 ? f->operand[1] : NO_OPERAND;
     int64_t index = (int64_t)w->code.size;
     if (code == w->pow_code) {
         double k;
@@ -312,14 +332,16 @@ finish(Walk *w, PyObject *v)
     PUSH(w->code, int8_t, (int8_t)code);
     PUSH(w->a, int64_t, x);
     PUSH(w->b, int64_t, y);
-    e->number = index;
+    e->number = *number = index;
     return note_label(w, v, index) < 0 ? -1 : 1;
 no_memory:
     PyErr_NoMemory();
     return -1;
 }
 
-/* Walk from each root of ``roots`` (a list) in turn. */
+/* Walk from each root of ``roots`` (a list) in turn. Each operand is
+   looked up once, as it is met: its number (if it has one) goes straight
+   into its user's frame, or, once it finishes, from its own frame. */
 static Status
 walk_from(Walk *w, PyObject *roots)
 {
@@ -327,46 +349,47 @@ walk_from(Walk *w, PyObject *roots)
         PyObject *root = PyList_GET_ITEM(roots, r);
         if (table_find(&w->seen, root)->key != NULL)
             continue;
+        w->frames.size = 0;
         Status s = meet(w, root);
         if (s <= 0)
             return s;
-        w->stack_nodes.size = w->stack_next.size = 0;
-        PUSH(w->stack_nodes, PyObject *, root);
-        PUSH(w->stack_next, Py_ssize_t, 0);
-        while (w->stack_nodes.size) {
-            size_t top = w->stack_nodes.size / sizeof(PyObject *) - 1;
-            PyObject *v = ((PyObject **)w->stack_nodes.data)[top];
-            Py_ssize_t *next = &((Py_ssize_t *)w->stack_next.data)[top];
-            PyObject *prev = SLOT(v, w->prev);
+        while (w->frames.size) {
+            Frame *f = (Frame *)(w->frames.data + w->frames.size) - 1;
+            PyObject *prev = SLOT(f->v, w->prev), *child = NULL;
             Py_ssize_t n = PyTuple_GET_SIZE(prev);
-            PyObject *child = NULL;
-            while (*next < n) {
-                PyObject *c = PyTuple_GET_ITEM(prev, *next);
-                ++*next;
-                if (table_find(&w->seen, c)->key == NULL) {
+            while (f->next < n) {
+                Py_ssize_t i = f->next++;
+                PyObject *c = PyTuple_GET_ITEM(prev, i);
+                const Entry *e = table_find(&w->seen, c);
+                if (e->key == NULL) {
                     child = c;
                     break;
                 }
+                if (e->number == PENDING)
+                    return 0;           /* on the stack: a cycle (the Python walk says so) */
+                if (i < 2)
+                    f->operand[i] = e->number;
             }
             if (child != NULL) {
-                s = meet(w, child);
+                s = meet(w, child);     /* (f may move) */
                 if (s <= 0)
                     return s;
-                PUSH(w->stack_nodes, PyObject *, child);
-                PUSH(w->stack_next, Py_ssize_t, 0);
                 continue;
             }
-            w->stack_nodes.size -= sizeof(PyObject *);
-            w->stack_next.size -= sizeof(Py_ssize_t);
-            s = finish(w, v);
+            Frame done = *f;
+            int64_t number;
+            w->frames.size -= sizeof(Frame);
+            s = finish(w, &done, &number);
             if (s <= 0)
                 return s;
+            if (w->frames.size) {       /* its user: the frame below, at the operand just taken */
+                Frame *user = (Frame *)(w->frames.data + w->frames.size) - 1;
+                if (user->next - 1 < 2)
+                    user->operand[user->next - 1] = number;
+            }
         }
     }
     return 1;
-no_memory:
-    PyErr_NoMemory();
-    return -1;
 }
 
 static PyObject *
@@ -496,8 +519,7 @@ done:
     free(w.a.data);
     free(w.b.data);
     free(w.constants.data);
-    free(w.stack_nodes.data);
-    free(w.stack_next.data);
+    free(w.frames.data);
     Py_XDECREF(w.k);
     Py_XDECREF(w.constant_values);
     if (s == 0) {
