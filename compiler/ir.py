@@ -364,12 +364,20 @@ def needs_grad(program):
     flags[program.param_start:program.param_end] = b'\x01' * program.n_params
     if program.input_grads:
         flags[:program.n_inputs] = b'\x01' * program.n_inputs
-    arrays = program.scalar_arrays
-    if arrays is not None:
-        n = program.n_grad_ops
-        for o, x, y in zip(arrays.out[:n].tolist(), arrays.a[:n].tolist(), arrays.either()[:n].tolist()):
-            if flags[x] or flags[y]:
-                flags[o] = 1
+    if program._ops is None and program.arrays is not None:
+        # the scalar ops from the arrays, the lifted ones between them (no Op objects)
+        arrays, n = program.arrays, program.n_grad_ops
+        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+        done = 0
+        for rank, (position, op) in enumerate([*[(i, op) for i, op in program.lifted if i < n], (n, None)]):
+            upto = position - rank        # the scalar ops before this one
+            for o, x, y in zip(out[done:upto], a[done:upto], b[done:upto]):
+                if flags[x] or flags[y]:
+                    flags[o] = 1
+            done = upto
+            if op is not None and any(map(flags.__getitem__, op.reads)):
+                for o in op.writes:
+                    flags[o] = 1
         return flags
     for op in program.grad_ops:
         if type(op) is Op:
@@ -454,10 +462,23 @@ def _live(program, roots):
     live = bytearray(program.n_slots)
     for s in roots:
         live[s] = 1
-    arrays = program.scalar_arrays
-    if arrays is not None:
-        for o, x, y in zip(reversed(arrays.out.tolist()), reversed(arrays.a.tolist()),
-                           reversed(arrays.either().tolist())):
+    if program._ops is None and program.arrays is not None:
+        # the scalar ops from the arrays, the lifted ones between them (no Op objects)
+        arrays = program.arrays
+        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+        done, lifted = len(out), list(program.lifted)
+        for rank in reversed(range(len(lifted))):
+            position, op = lifted[rank]
+            start = position - rank       # the scalar ops after this one: [start, done)
+            for o, x, y in zip(reversed(out[start:done]), reversed(a[start:done]), reversed(b[start:done])):
+                if live[o]:
+                    live[x] = 1
+                    live[y] = 1
+            done = start
+            if any(live[o] for o in op.writes):
+                for x in op.reads:
+                    live[x] = 1
+        for o, x, y in zip(reversed(out[:done]), reversed(a[:done]), reversed(b[:done])):
             if live[o]:
                 live[x] = 1
                 live[y] = 1

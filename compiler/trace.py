@@ -1,9 +1,11 @@
 """Trace a ``Value`` graph once into a ``Program``."""
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
 from micrograd.engine import Constant, Value
+from compiler import walk as native_walk
 from compiler.ir import OP_CODES, POW, SCALAR_OPS, Program, ScalarArrays, graph_hash, prefixes_hold
 
 
@@ -37,9 +39,10 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
     return trace_graph(loss, inputs, params, outputs, want_slots=True)[:2]
 
 
-def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grads=False, want_slots=False):
+def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grads=False, want_slots=False,
+                native=None):
     """``(program, slot of every Value, undeclared leaves)`` (the slots only
-    ``want_slots``; else the walk's provisional numbers).
+    ``want_slots``; else None).
 
     The ``Program`` computes ``loss`` (and ``outputs``) from ``inputs`` and
     ``params``. Ops are in the interpreter's topological order from the loss,
@@ -54,6 +57,11 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
     the program's loss is then their mean as Karpathy's microgpt computes it,
     ``(1 / n) * sum(losses)``, and it can run the first ``n`` positions alone
     (``Program.prefix_sums``: the partial sums, one per position).
+
+    ``native``: walk the graph in C (``compiler/walk.py``) where it can be
+    read there; False: in Python; None (default): in C for graphs of more
+    than ``walk.NATIVE_MIN_OPS`` computed Values. Either walk gives the same
+    program, numbers and errors.
     """
     prefix = None
     if isinstance(loss, (list, tuple)):
@@ -64,48 +72,43 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
     for i, v in enumerate(outputs):
         if not isinstance(v, Value):
             raise TraceError(f"outputs[{i}] is a {type(v).__name__}, not a Value")
-    inputs = _check_leaves(inputs, 'inputs')
-    params = _check_leaves(params, 'params')
-    declared = set(map(id, _check_leaves(constants, 'constants')))
-    if set(map(id, inputs)) & set(map(id, params)):
-        raise TraceError("a Value is listed both in inputs and in params")
+    inputs, params, constants = list(inputs), list(params), list(constants)
+    if not _leaves_fine(inputs + params, native):
+        inputs = _check_leaves(inputs, 'inputs')
+        params = _check_leaves(params, 'params')
+        if set(map(id, inputs)) & set(map(id, params)):
+            raise TraceError("a Value is listed both in inputs and in params")
+    if not _leaves_fine(constants, native):
+        _check_leaves(constants, 'constants')
+    declared = set(map(id, constants))
 
-    slot = {}
-    for v in inputs + params:
-        slot[v] = -1 - len(slot)      # leaves: -1 - slot (see _walk)
-    n_declared = len(slot)
-    walk = _Walk(slot, n_declared)
-    try:
-        walk.run([loss])
-        n_cone = len(walk.code)
-        walk.run(outputs)
-    except TraceError:
-        raise
-    except (AttributeError, TypeError):
-        raise TraceError("the graph holds an operand that is not a Value") from None
-
-    n_leaves = n_declared + len(walk.constants)
+    declared_values = inputs + params
+    n_declared = len(declared_values)
+    walked = _walk_graph(declared_values, loss, outputs, prefix or [], native, want_slots)
+    n_leaves = n_declared + len(walked.constants)
     fix = _slot_fixer(n_leaves)
-    arrays = walk.arrays(fix)
-    constants = {n_declared + j: value for j, value in enumerate(walk.constants)}
-    undeclared = [v for v in walk.constant_values if type(v) is not Constant and id(v) not in declared]
-    n_ops = len(walk.code)
+    arrays = walked.arrays(n_leaves)
+    constants = dict(zip(range(n_declared, n_leaves), walked.constants))
+    undeclared = [v for v in walked.constant_values if type(v) is not Constant and id(v) not in declared]
+    n_cone = walked.n_cone
+    roots = [fix(s) for s in walked.looked_up]
+    loss_slot, output_slots, prefix_slots = roots[0], roots[1:1 + len(outputs)], roots[1 + len(outputs):]
+    n_ops = len(arrays.code)
     program = Program(n_slots=n_leaves + n_ops, n_inputs=len(inputs), n_params=len(params),
-                      constants=constants, arrays=arrays, n_grad_ops=n_cone, loss=fix(slot[loss]),
-                      outputs=tuple(fix(slot[v]) for v in outputs), input_grads=bool(input_grads))
+                      constants=constants, arrays=arrays, n_grad_ops=n_cone, loss=loss_slot,
+                      outputs=tuple(output_slots), input_grads=bool(input_grads))
     if prefix is not None:
         if n_cone != n_ops:
             raise TraceError("outputs of a sequence (a list of losses) must be values its losses use: "
                              "each position's ops run only with that position")
-        program.prefix_sums = tuple(fix(slot[v]) for v in prefix)
+        program.prefix_sums = tuple(prefix_slots)
         # the depth-first order makes each position's ops follow the earlier
         # ones', all in the cone of its partial sum: checked all the same
         assert prefixes_hold(program), 'a sequence traced out of position order'
 
     program.graph_hash = graph_hash(program)
-    program.labels = {fix(s): v.label for v, s in slot.items() if v.label and type(v.label) is str}
-    if want_slots:
-        slot = {v: fix(s) for v, s in slot.items()}
+    program.labels = {fix(s): label for s, label in walked.labels}
+    slot = {v: fix(s) for v, s in walked.slots.items()} if want_slots else None
     return program, slot, undeclared
 
 
@@ -121,26 +124,116 @@ def _slot_fixer(n_leaves):
     return fix
 
 
+@dataclass
+class _Walked:
+    """What a walk found, over provisional numbers (see ``_slot_fixer``):
+    each computed Value's op (``code``, operands ``a``, ``b``; ``b`` is
+    ``_NO_OPERAND`` for a unary op), the exponents ``k`` of ``**`` by op
+    index, the constant leaves (values and Values) in the order met, the ops
+    of the loss's cone (the first ``n_cone``), the numbers of the loss, the
+    outputs and the partial sums (``looked_up``), the labels ``(number,
+    label)``, and with ``want_slots`` every Value's number."""
+    code: object
+    a: object
+    b: object
+    k: dict
+    constants: list
+    constant_values: list
+    n_cone: int
+    looked_up: list
+    labels: list
+    slots: dict = None
+
+    def arrays(self, n_leaves):
+        """The ops as ``ScalarArrays`` over final slots."""
+        n = len(self.code)
+        a, b = self.a, self.b
+        a = np.where(a < 0, -1 - a, a + n_leaves)
+        b = np.where(b == _NO_OPERAND, -1, np.where(b < 0, -1 - b, b + n_leaves))
+        return ScalarArrays(code=self.code, out=np.arange(n_leaves, n_leaves + n, dtype=np.int64),
+                            a=a, b=b, k=self.k)
+
+
+def _leaves_fine(values, native):
+    """Whether the C walk finds every Value of ``values`` a leaf as
+    ``_check_leaves`` wants it, none listed twice (False: let
+    ``_check_leaves`` look, and say what is wrong). Only for long lists."""
+    if native is False or len(values) < native_walk.NATIVE_MIN_LEAVES or not native_walk.native_enabled():
+        return False
+    module = native_walk.native_walker()
+    return module is not None and module.leaves_ok(Value, Constant, values)
+
+
+class _TooLarge(Exception):
+    """The Python walk met more computed Values than it walks by default."""
+
+
+def _walk_graph(declared, loss, outputs, prefix, native, want_slots):
+    """A ``_Walked`` of the graph from ``loss``, then ``outputs``: by the C
+    walk (``native`` True, or None and the graph is large) where it can read
+    the graph, else by the Python walk."""
+    use_c = native is not False and native_walk.native_enabled()
+    if use_c and native is None:
+        try:
+            return _python_walk(declared, loss, outputs, prefix, want_slots, limit=native_walk.NATIVE_MIN_OPS)
+        except _TooLarge:
+            pass
+    if use_c:
+        module = native_walk.native_walker()
+        found = None if module is None else module.walk(
+            Value, Constant, declared, loss, outputs, OP_CODES, _ARITY, POW,
+            [loss, *outputs, *prefix], bool(want_slots))
+        if found is not None:
+            code, a, b, k, constants, constant_values, n_cone, looked_up, labels, slots = found
+            return _Walked(np.frombuffer(code, dtype=np.int8).copy(), np.frombuffer(a, dtype=np.int64),
+                           np.frombuffer(b, dtype=np.int64), k, np.frombuffer(constants).tolist(),
+                           constant_values, n_cone, np.frombuffer(looked_up, dtype=np.int64).tolist(),
+                           labels, slots)
+    return _python_walk(declared, loss, outputs, prefix, want_slots)
+
+
+def _python_walk(declared, loss, outputs, prefix, want_slots, limit=-1):
+    slot = {}
+    for v in declared:
+        slot[v] = -1 - len(slot)      # leaves: -1 - slot (see _slot_fixer)
+    walk = _Walk(slot, len(declared), limit)
+    try:
+        walk.run([loss])
+        n_cone = len(walk.code)
+        walk.run(outputs)
+    except (TraceError, _TooLarge):
+        raise
+    except (AttributeError, TypeError):
+        raise TraceError("the graph holds an operand that is not a Value") from None
+    labels = [(s, v.label) for v, s in slot.items() if v.label and type(v.label) is str]
+    return _Walked(np.array(walk.code, dtype=np.int8), np.array(walk.a, dtype=np.int64),
+                   np.array(walk.b, dtype=np.int64), walk.k, walk.constants, walk.constant_values, n_cone,
+                   [slot[v] for v in (loss, *outputs, *prefix)], labels, slot if want_slots else None)
+
+
 class _Walk:
     """One depth-first walk over the ``Value`` graph in the interpreter's
     order (``micrograd.engine.topological_order``: children in ``_prev``
     order, post-order), appending each computed Value's op to flat lists as
-    it finishes: no ``Op`` object, tuple or generator per op.
+    it finishes: no ``Op`` object, tuple or generator per op. (Its twin in
+    C, for large graphs: ``compiler/templates/walk.c``.)
 
     ``slot`` maps each Value seen to a provisional number (see
     ``_slot_fixer``): leaves are numbered as they are met (inputs and
     parameters beforehand), computed Values in finishing order; the slots of
-    computed Values are known only when the number of constants is."""
+    computed Values are known only when the number of constants is.
+    ``limit``: the walk stops (``_TooLarge``) at that many computed Values."""
 
-    def __init__(self, slot, n_leaves):
+    def __init__(self, slot, n_leaves, limit=-1):
         self.slot = slot
         self.n_leaves = n_leaves
+        self.limit = limit
         self.code, self.a, self.b = [], [], []
         self.k = {}
         self.constants, self.constant_values = [], []
 
     def run(self, roots):
-        slot, codes, arity = self.slot, OP_CODES, _ARITY
+        slot, codes, arity, limit = self.slot, OP_CODES, _ARITY, self.limit
         code, a, b = self.code, self.a, self.b
         code_append, a_append, b_append = code.append, a.append, b.append
         for root in roots:
@@ -182,7 +275,10 @@ class _Walk:
                         b_append(_NO_OPERAND)
                         if op == POW:
                             self.k[len(code)] = _real(v._arg, "the exponent of '**'")
-                    slot[v] = len(code)
+                    n = len(code)
+                    if n == limit:
+                        raise _TooLarge()
+                    slot[v] = n
                     code_append(op)
                     a_append(x)
 
@@ -192,17 +288,6 @@ class _Walk:
         self.constants.append(_real(v.data, "a constant leaf's data"))
         self.constant_values.append(v)
         self.slot[v] = -1 - (self.n_leaves + len(self.constants) - 1)
-
-    def arrays(self, fix):
-        """The ops as ``ScalarArrays`` over final slots."""
-        n_leaves = self.n_leaves + len(self.constants)
-        n = len(self.code)
-        a = np.array(self.a, dtype=np.int64)
-        b = np.array(self.b, dtype=np.int64)
-        a = np.where(a < 0, -1 - a, a + n_leaves)
-        b = np.where(b == _NO_OPERAND, -1, np.where(b < 0, -1 - b, b + n_leaves))
-        return ScalarArrays(code=np.array(self.code, dtype=np.int8),
-                            out=np.arange(n_leaves, n_leaves + n, dtype=np.int64), a=a, b=b, k=self.k)
 
 
 _ARITY = [info.arity for info in SCALAR_OPS.values()]

@@ -130,7 +130,10 @@ def plan(source, cc=None, opt=None, flags=None, native=False, timeout=DEFAULT_TI
             straight_flags = default_flags(choice.straight_toolchain)
         elif choice.straight_opt:
             straight_flags = default_flags(toolchain, choice.straight_opt, native)
+    # the scalar code's form was chosen with the C (compiler/codegen/table.py: an
+    # op table above TABLE_MIN_OPS scalar ops); the build carries it to report it
     return BuildRequest.of(source, toolchain, flags, timeout=timeout, include_dir=include_dir,
                            progress=progress, straight_flags=straight_flags,
                            straight_toolchain=choice.straight_toolchain,
-                           estimate=choice.estimate(statements, parts))
+                           estimate=choice.estimate(statements, parts),
+                           table_ops=getattr(source, 'table_ops', 0))

@@ -37,10 +37,11 @@ class BuildRequest:
     default: bool = True
     progress: object = field(default=None, compare=False)
     estimate: float = 0.0
+    table_ops: int = 0          # the source's scalar ops that run from an op table (0: statements)
 
     @classmethod
     def of(cls, source, toolchain, flags, *, timeout=DEFAULT_TIMEOUT, include_dir=None, progress=None,
-           straight_flags=None, straight_toolchain=None, estimate=0.0, default=None):
+           straight_flags=None, straight_toolchain=None, estimate=0.0, default=None, table_ops=0):
         """A request with its arguments checked: ``flags`` a list of str
         (``TypeError`` for one string), ``timeout`` in seconds (``inf``: none);
         ``default`` (None: whether ``flags`` are ``default_flags``)."""
@@ -52,7 +53,7 @@ class BuildRequest:
         if default is None:
             default = are_default_flags(toolchain, list(flags))
         return cls(source, toolchain, flags, straight_toolchain, straight_flags, check_timeout(timeout),
-                   include_dir, default, progress, estimate)
+                   include_dir, default, progress, estimate, table_ops)
 
     @property
     def parts(self):
@@ -96,7 +97,7 @@ class BuildRequest:
         """The ``Build`` of this request at ``path``."""
         return Build(path, cmd, cached, temporary, self.toolchain, list(self.flags),
                      list(self.straight_flags) if self.split else None,
-                     self.straight_toolchain if self.split else None, sha256)
+                     self.straight_toolchain if self.split else None, sha256, self.table_ops)
 
 
 @dataclass
@@ -110,6 +111,7 @@ class Build:
     straight_flags: list = None     # the straight-line parts' flags, when not ``flags``
     straight_toolchain: Toolchain = None    # and their compiler, when not ``toolchain``
     sha256: str = None              # the checksum the shared object had when it was checked
+    table_ops: int = 0              # scalar ops run from an op table (0: as statements)
 
     def flags_text(self):
         """The flags, and the straight-line parts' level (or compiler) where it differs."""
@@ -117,3 +119,9 @@ class Build:
         if self.straight_toolchain is not None:
             return text + f' (straight-line parts {self.straight_toolchain.family})'
         return text + (f' (straight-line parts {self.straight_flags[0]})' if self.straight_flags else '')
+
+    def scalar_code(self):
+        """How the scalar ops were built: as straight-line statements, or as an op table."""
+        if self.table_ops:
+            return f'an op table of {self.table_ops:,} scalar ops, one C loop each way'
+        return 'straight-line statements'

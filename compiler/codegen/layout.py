@@ -24,9 +24,11 @@ its own values and gradients; parameters and constants are shared:
 """
 from dataclasses import dataclass
 
+import numpy as np
+
 from compiler.codegen.scalar import SCALAR_C
 from compiler.constants import MV_NR, ROW_ALIGN
-from compiler.ir import MatVec, Op, Sum
+from compiler.ir import OP_CODES, OP_NAMES, MatVec, Op, ScalarArrays, Sum
 
 # Scalar parameter uses per row that a program may record; above this the
 # contributions would cost more memory than threads gain, and the program
@@ -55,67 +57,122 @@ class MatVecAux:
     bgx: int          # input-gradient panels (-1: the gradient of x is not needed)
 
 
+@dataclass(frozen=True)
+class ScalarPart:
+    """A program's ops split without building an ``Op`` per scalar op: the
+    scalar ops as ``ScalarArrays`` (``arrays``), the position in
+    ``program.ops`` of each (``positions``), and the other ops as
+    ``(position, op)`` pairs (``lifted``)."""
+    arrays: ScalarArrays
+    positions: object     # numpy int64, increasing
+    lifted: list
+
+    @classmethod
+    def of(cls, program):
+        if program.arrays is not None:
+            arrays, lifted = program.arrays, list(program.lifted)
+        else:
+            ops = program.ops
+            lifted = [(i, op) for i, op in enumerate(ops) if type(op) is not Op]
+            arrays = ScalarArrays.from_ops([op for op in ops if type(op) is Op])
+        n = len(arrays.code) + len(lifted)
+        positions = np.arange(n, dtype=np.int64)
+        if lifted:
+            positions = np.delete(positions, [i for i, _ in lifted])
+        return cls(arrays, positions, lifted)
+
+
+class _Places:
+    """The C location of each slot's value (``v[i]`` in the row, ``p[i]``
+    shared) or gradient (``g[i]``, ``gp[i]``; None for a constant),
+    formatted when asked for: ``places[slot]``."""
+
+    def __init__(self, loc, row, shared, no_shared_from=None):
+        self._loc = loc                     # list: the row index, or -1 - the shared index
+        self._row, self._shared = row + '[%d]', shared + '[%d]'
+        self._none_from = len(loc) if no_shared_from is None else no_shared_from
+        # (shared slots from _none_from have no place: constants' gradients)
+
+    def __len__(self):
+        return len(self._loc)
+
+    def __getitem__(self, slot):
+        x = self._loc[slot]
+        if x >= 0:
+            return self._row % x
+        return None if slot >= self._none_from else self._shared % (-1 - x)
+
+    def __iter__(self):
+        return (self[s] for s in range(len(self._loc)))
+
+    def all(self):
+        """Every slot's place, as a list (for rendering many statements)."""
+        row, shared, none_from = self._row, self._shared, self._none_from
+        return [row % x if x >= 0 else (shared % (-1 - x) if s < none_from else None)
+                for s, x in enumerate(self._loc)]
+
+
 class Layout:
     """The C location of every slot, value and gradient, and the sizes of
-    the arrays."""
+    the arrays. ``loc`` (numpy, one per slot) holds them all: ``v[x]`` for
+    ``x >= 0``, else ``p[-1 - x]``; ``value[slot]`` and ``grad[slot]`` are
+    the same as C text. Everything per slot is computed with numpy, in bulk."""
 
     def __init__(self, program, flags):
         self.program = program
-        n_in, n_leaves = program.n_inputs, program.n_leaves
-        self.matvecs = [op for op in program.ops if type(op) is MatVec]
+        n_in, n_leaves, n_slots = program.n_inputs, program.n_leaves, program.n_slots
+        p0, p1 = program.param_start, program.param_end
+        self.scalar_part = ScalarPart.of(program)
+        self.lifted = self.scalar_part.lifted
+        self.matvecs = [op for _, op in self.lifted if type(op) is MatVec]
         blocks = {}                         # weight block start slot -> (R, C)
         for op in self.matvecs:
             blocks[op.wt0] = (op.rows, op.cols)
+        loc = np.empty(n_slots, dtype=np.int64)
         # shared: each weight block padded and aligned, then the other parameters, then constants
-        self._shared = {}
         at = 0
         self.weight_base = {}
+        in_block = np.zeros(n_slots, dtype=bool)
         for wt0, (R, C) in sorted(blocks.items()):
             at = round_up(at, ROW_ALIGN)
             self.weight_base[wt0] = at
             RP = round_up(R, PANEL)
-            for s in range(wt0, wt0 + R * C):
-                k, n = divmod(s - wt0, R)
-                self._shared[s] = at + k * RP + n
+            k, n = np.divmod(np.arange(R * C, dtype=np.int64), R)
+            loc[wt0:wt0 + R * C] = -1 - (at + k * RP + n)
+            in_block[wt0:wt0 + R * C] = True
             at += C * RP
-        for s in range(program.param_start, program.param_end):
-            if s not in self._shared:
-                self._shared[s] = at
-                at += 1
+        others = p0 + np.flatnonzero(~in_block[p0:p1])
+        loc[others] = -1 - (at + np.arange(len(others), dtype=np.int64))
+        at += len(others)
         self.param_span = at                # parameters and their padding: p[0:param_span]
-        for s in range(program.param_end, n_leaves):
-            self._shared[s] = at
-            at += 1
-        self.n_shared = at
+        loc[p1:n_leaves] = -1 - (at + np.arange(n_leaves - p1, dtype=np.int64))
+        self.n_shared = at + n_leaves - p1
         # rows: the inputs, then computed slots, each MatVec's y aligned and padded
-        y_blocks = {op.y0: op.rows for op in self.matvecs}
-        self._row = list(range(n_in)) + [0] * (program.n_slots - n_leaves)
+        loc[:n_in] = np.arange(n_in, dtype=np.int64)
         at, s = n_in, n_leaves
-        while s < program.n_slots:
-            R = y_blocks.get(s)
-            if R:
-                at = round_up(at, ROW_ALIGN)
-                for n in range(R):
-                    self._row[n_in + s + n - n_leaves] = at + n
-                at += round_up(R, PANEL)
-                s += R
-            else:
-                self._row[n_in + s - n_leaves] = at
-                at += 1
-                s += 1
-        self.n_row = at
-        uses = _scalar_param_uses(program, flags)
-        self.recorded = len(uses) <= MAX_RECORDED
-        self.n_contrib = len(uses) if self.recorded else 0
+        for y0, R in sorted({op.y0: op.rows for op in self.matvecs}.items()):
+            loc[s:y0] = at + np.arange(y0 - s, dtype=np.int64)
+            at = round_up(at + y0 - s, ROW_ALIGN)
+            loc[y0:y0 + R] = at + np.arange(R, dtype=np.int64)
+            at += round_up(R, PANEL)
+            s = y0 + R
+        loc[s:] = at + np.arange(n_slots - s, dtype=np.int64)
+        self.n_row = at + n_slots - s
+        self.loc = loc
+        self._loc = loc.tolist()
+        self.value = _Places(self._loc, 'v', 'p')
+        self.grad = _Places(self._loc, 'g', 'gp', no_shared_from=p1)
+        # the contributions of scalar code to parameter gradients, in backward order
+        use_out, use_operand, use_slot = _scalar_param_uses(program, flags, self.scalar_part)
+        self.recorded = len(use_out) <= MAX_RECORDED
+        self.n_contrib = len(use_out) if self.recorded else 0
         self.row_stride = round_up(self.n_row + self.n_contrib, ROW_ALIGN)
-        self._contrib = {}        # (id(op), operand index) -> contribution index
+        self._contrib = {}        # (op's output slot, operand index) -> contribution index
         self.param_uses = {}      # parameter slot -> its contribution indices, in backward order
         if self.recorded:
-            for u, (op, i, slot) in enumerate(uses):
-                self._contrib[id(op), i] = u
+            for u, (o, i, slot) in enumerate(zip(use_out.tolist(), use_operand.tolist(), use_slot.tolist())):
+                self._contrib[o, i] = u
                 self.param_uses.setdefault(slot, []).append(u)
-        self.value = [self._value(s) for s in range(program.n_slots)]
-        self.grad = [self._grad(s) for s in range(program.n_slots)]
         # aux
         at = 0
         self.weight_aux, self.aux = {}, {}
@@ -150,42 +207,57 @@ class Layout:
         return slot < self.program.n_inputs or slot >= self.program.n_leaves
 
     def row_index(self, slot):
-        p = self.program
-        return slot if slot < p.n_inputs else self._row[p.n_inputs + slot - p.n_leaves]
+        return self._loc[slot]
 
     def shared_index(self, slot):
-        return self._shared[slot]
-
-    def _value(self, slot):
-        return f'v[{self.row_index(slot)}]' if self.is_row(slot) else f'p[{self.shared_index(slot)}]'
-
-    def _grad(self, slot):
-        if self.is_row(slot):
-            return f'g[{self.row_index(slot)}]'
-        if slot < self.program.param_end:
-            return f'gp[{self.shared_index(slot)}]'
-        return None           # a constant: no gradient
+        return -1 - self._loc[slot]
 
     def grad_target(self, op, operand, slot):
         """Where ``op``'s contribution to the gradient of its operand number
         ``operand`` (slot ``slot``) goes: ``('+=', location)`` to add it, or
         ``('=', location)`` to record it."""
-        u = self._contrib.get((id(op), operand))
+        u = self._contrib.get((op.out, operand))
         if u is not None:
             return '=', f'g[{self.n_row + u}]'
         return '+=', self.grad[slot]
 
+    def recorded_at(self, out, operand):
+        """The row index where the contribution of the scalar op writing
+        ``out`` to its operand ``operand`` is recorded, or None (added)."""
+        u = self._contrib.get((out, operand))
+        return None if u is None else self.n_row + u
 
-def _scalar_param_uses(program, flags):
-    """``(op, operand index, parameter slot)`` of every use of a parameter by
-    scalar code (``Op`` and ``Sum``) whose gradient is needed, in the order
-    the backward code adds them."""
-    def is_param(s):
-        return program.param_start <= s < program.param_end
-    uses = []
-    for op in reversed(program.grad_ops):
-        if type(op) is Op and flags[op.out]:
-            uses += [(op, i, op.args[i]) for i, _, _ in SCALAR_C[op.name].grads if is_param(op.args[i])]
-        elif type(op) is Sum and flags[op.out]:
-            uses += [(op, i, op.terms[i]) for i in reversed(range(len(op.terms))) if is_param(op.terms[i])]
-    return uses
+
+def _scalar_param_uses(program, flags, part):
+    """``(op's output slot, operand index, parameter slot)`` of every use of
+    a parameter by scalar code (``Op`` and ``Sum``) whose gradient is
+    needed, in the order the backward code adds them (ops last to first;
+    within an op, its gradient entries in ``SCALAR_C``'s order; a Sum's
+    terms last to first), as three numpy arrays."""
+    p0, p1 = program.param_start, program.param_end
+    arrays, n_grad = part.arrays, program.n_grad_ops
+    needs = np.frombuffer(bytes(flags), dtype=np.uint8).astype(bool)
+    grads = np.zeros((len(OP_NAMES), 2), dtype=bool)
+    for name, row in SCALAR_C.items():
+        for operand, _, _ in row.grads:
+            grads[OP_CODES[name], operand] = True
+    code = arrays.code.astype(np.int64)
+    live = (part.positions < n_grad) & needs[arrays.out]
+    keys, outs, operands, slots = [], [], [], []
+    for operand, x in ((0, arrays.a), (1, arrays.b)):
+        hit = np.flatnonzero(live & (x >= p0) & (x < p1) & grads[code, operand])
+        keys.append(np.stack([-part.positions[hit], np.full(len(hit), operand, dtype=np.int64)]))
+        outs.append(arrays.out[hit])
+        operands.append(np.full(len(hit), operand, dtype=np.int64))
+        slots.append(x[hit])
+    for position, op in part.lifted:
+        if type(op) is Sum and position < n_grad and flags[op.out]:
+            hit = [i for i, t in enumerate(op.terms) if p0 <= t < p1]
+            keys.append(np.array([[-position] * len(hit), [len(op.terms) - 1 - i for i in hit]],
+                                 dtype=np.int64).reshape(2, -1))
+            outs.append(np.full(len(hit), op.out, dtype=np.int64))
+            operands.append(np.array(hit, dtype=np.int64))
+            slots.append(np.array([op.terms[i] for i in hit], dtype=np.int64))
+    key = np.concatenate(keys, axis=1)
+    order = np.lexsort((key[1], key[0]))
+    return np.concatenate(outs)[order], np.concatenate(operands)[order], np.concatenate(slots)[order]

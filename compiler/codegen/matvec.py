@@ -32,12 +32,12 @@ class MatVecRenderer:
         self.program, self.layout, self.flags = program, layout, flags
         self.ops = layout.matvecs
         self.name = {id(op): f'matvec{i + 1}' for i, op in enumerate(self.ops)}
-        grad_ops = {id(op) for op in program.grad_ops}
+        grad_ops = {id(op) for i, op in layout.lifted if i < program.n_grad_ops}
         self.has_backward = {id(op) for op in self.ops
                              if id(op) in grad_ops and any(flags[o] for o in op.writes)}
         # the uses of each weight block, in the order backward reaches them
         self.uses = {}
-        for op in reversed(program.grad_ops):
+        for _, op in reversed(layout.lifted):
             if id(op) in self.has_backward:
                 self.uses.setdefault(op.wt0, []).append(op)
         self.block_rows = block_rows

@@ -27,6 +27,8 @@ Python's headers. The CPython module is opt-in: its builds pass
 import hashlib
 import re
 
+import numpy as np
+
 from compiler.codegen import optimizer as optimizer_c
 from compiler.codegen.program import _Program
 from compiler.codegen.scalar import c_double
@@ -52,13 +54,15 @@ class Source(str):
     that build in parallel and are cached one by one (``parts``: ``[(name,
     text)]``; the loop kernels' part is the same for every program).
     ``statements``: the straight-line statements, what compile time grows
-    with; ``straight``: the names of the parts that hold them."""
+    with; ``straight``: the names of the parts that hold them; ``table_ops``:
+    the scalar ops that run from the op table (compiler/codegen/table.py)."""
 
-    def __new__(cls, text, parts=(), statements=0, straight=()):
+    def __new__(cls, text, parts=(), statements=0, straight=(), table_ops=0):
         source = super().__new__(cls, text)
         source.parts = list(parts)
         source.statements = statements
         source.straight = frozenset(straight)
+        source.table_ops = table_ops
         return source
 
 
@@ -81,26 +85,42 @@ def _kernels():
 
 def _runs(program, layout):
     """``PARAM_RUNS``: where each parameter (in the user's order) is in ``p``,
-    as runs ``{count, user start, user step, p start, p step}``."""
-    at = [layout.shared_index(s) for s in program.param_slots]
-    runs, i = [], 0
-    while i < len(at):
-        step = at[i + 1] - at[i] if i + 1 < len(at) else 1
-        j = i + 1
-        while j < len(at) and at[j] - at[j - 1] == step:
-            j += 1
+    as runs ``{count, user start, user step, p start, p step}`` (found with
+    numpy: a run continues while the step between neighbours stays the same)."""
+    at = -1 - layout.loc[np.asarray(program.param_slots, dtype=np.int64)]
+    n = len(at)
+    if not n:
+        return ['{0, 0, 1, 0, 1}']
+    runs, i, steps = [], 0, np.diff(at)
+    # where the step changes: a run starting at i takes i + 1 (its step) and
+    # every later parameter while the step stays steps[i]
+    change = np.flatnonzero(np.diff(steps) != 0) + 1 if len(steps) > 1 else np.zeros(0, dtype=np.int64)
+    change = change.tolist()
+    at = at.tolist()
+    k = 0
+    while i < n:
+        step = at[i + 1] - at[i] if i + 1 < n else 1
+        while k < len(change) and change[k] <= i:
+            k += 1
+        j = change[k] + 1 if k < len(change) else n      # steps[i..j-2] all equal step
         runs.append(f'{{{j - i}, {i}, 1, {at[i]}, {step}}}')
         i = j
-    return runs or ['{0, 0, 1, 0, 1}']
+    return runs
 
 
-def _output_positions(program, cuts):
+def _output_positions(program, cuts, part):
     """For each output, the position of a sequence from which forward
     computes it (ops[:cuts[n - 1] + 1] run for n positions; after the last
-    cut: only all of them), 0 when every forward does (a leaf, the loss)."""
+    cut: only all of them), 0 when every forward does (a leaf, the loss).
+    ``part``: the program's ``layout.ScalarPart`` (where the scalar ops are)."""
     if not cuts:
         return [0] * len(program.outputs)
-    at = {slot: i for i, op in enumerate(program.ops) for slot in op.writes}
+    at = {slot: i for i, op in part.lifted for slot in op.writes}
+    outs = np.asarray(program.outputs, dtype=np.int64)
+    j = np.minimum(np.searchsorted(part.arrays.out, outs), max(0, len(part.arrays.out) - 1))
+    for slot, k in zip(program.outputs, j.tolist()):
+        if len(part.arrays.out) and part.arrays.out[k] == slot:
+            at[slot] = int(part.positions[k])
 
     def position(slot):
         if slot not in at or slot == program.loss:
@@ -186,7 +206,8 @@ def emit_module(program, optimizer=None, initial_params=None):
     tables = [_table('int', 'PARAM_RUNS[N_PARAM_RUNS][5]', runs),
               _table('int', 'OUTPUT_AT[]', [str(layout.row_index(s)) if layout.is_row(s)
                                            else str(-layout.shared_index(s) - 1) for s in program.outputs]),
-              _table('int', 'OUTPUT_POSITION[]', [str(n) for n in _output_positions(program, prog.cuts)]),
+              _table('int', 'OUTPUT_POSITION[]',
+                     [str(n) for n in _output_positions(program, prog.cuts, layout.scalar_part)]),
               _table('int', 'FEATURES[]', [str(f) for f in feats])]
     if initial_params is not None:
         tables.append(_table('double', 'INITIAL_PARAMS[]', [c_double(x) for x in initial_params] or ['0.0']))
@@ -202,13 +223,15 @@ def emit_module(program, optimizer=None, initial_params=None):
     every_segment = '\n'.join(t for part in segments for t in part)
     single = module_unit(every_segment + '\n' + body, kernel_code)
     if not kernel_code and len(segments) <= 1:
-        return Source(single, [('module', single)], prog.functions.statements)   # small: one unit
+        return Source(single, [('module', single)], prog.functions.statements,   # small: one unit
+                      table_ops=prog.table.n if prog.table else 0)
     parts = [('module', module_unit(body, ''))]
     common = prologue(numbers_c, python=False) + '\n' + read_template('contract.h')
     if kernel_code:
         parts.append(('kernels', '\n'.join([common, read_template('kernels_api.c'), kernel_code])))
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
-    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight])
+    return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight],
+                  table_ops=prog.table.n if prog.table else 0)
 
 
 # core.h's names, as nn.h spells them (a user's program sees only nn.h)

@@ -2,17 +2,18 @@
 (``_Functions``), its vector ops' calls, and the functions that run them over
 a block's rows (``forward_rows``, ``backward_rows``, ``param_grads``), with
 the numbers the module template needs (``_Program.emit``)."""
+import itertools
 import math
 
 import numpy as np
 
-from compiler.codegen import sums, table
+from compiler.codegen import blob, sums, table
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatVec, Op, Sum, needs_grad, prefix_cuts
+from compiler.ir import MatVec, Sum, needs_grad, prefix_cuts
 
 
 class _Functions:
@@ -65,10 +66,16 @@ class _Functions:
         return parts + ([current] if current else [])
 
 
-def _init_constants(lay, constants):
+def _init_constants(lay, constants, table=False):
     """``init_constants``: the graph's constants into their slots, from a
-    table (thousands of assignments would cost the C compiler seconds)."""
+    table (thousands of assignments would cost the C compiler seconds; a
+    large table is a blob: compiler/codegen/blob.py); with ``table``, it
+    first unpacks the op table."""
     out = ['static void\ninit_constants(double *restrict p)\n{']
+    if table:
+        out.append('    vm_unpack();   /* the op table (compiler/codegen/table.py) */')
+    if len(constants) >= blob.MIN_VALUES:
+        return '\n'.join(out + _constants_blob(lay, constants) + ['}\n'])
     if constants:
         at = [lay.shared_index(s) for s in constants]
         # (tcc takes INFINITY and NAN for no constants in a static table: set them after it)
@@ -82,6 +89,21 @@ def _init_constants(lay, constants):
                     f'    for (int i = 0; i < {len(at)}; i++) p[at[i]] = value[i];']
         out += [f'    p[{i}] = {c_double(v)};' for i, v in zip(at, constants.values()) if not math.isfinite(v)]
     return '\n'.join(out + ['    (void)p;\n}\n'])
+
+
+def _constants_blob(lay, constants):
+    """``init_constants``' body for many constants: their doubles (bit for
+    bit, NaN and infinities too) and their places as blobs."""
+    at = -1 - lay.loc[np.fromiter(constants, dtype=np.int64, count=len(constants))]
+    values = np.fromiter(constants.values(), dtype=np.float64, count=len(constants))
+    n = len(values)
+    return ['    ' + line for line in [
+        blob.literal('value_hex', blob.little_endian(values, 'double')),
+        blob.literal('at_hex', blob.little_endian(at, 'int')),
+        f'static double value[{n}];', f'static int at[{n}];',
+        blob.unpack_statement('value_hex', 'value', 'double', n),
+        blob.unpack_statement('at_hex', 'at', 'int', n),
+        f'for (int i = 0; i < {n}; i++) p[at[i]] = value[i];']]
 
 
 def _loss_of(layout, program):
@@ -119,8 +141,7 @@ class _Program:
         # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
         self.cuts = prefix_cuts(program) if program.prefix_sums else []
         # a large scalar remainder runs from an op table (compiler/codegen/table.py)
-        n_scalar = len(program.arrays.code) if program.arrays is not None else \
-            sum(1 for op in program.ops if type(op) is Op)
+        n_scalar = len(self.layout.scalar_part.arrays.code)
         self.table = table.OpTable(program, self.layout, self.flags) \
             if n_scalar >= table.TABLE_MIN_OPS else None
 
@@ -170,7 +191,7 @@ class _Program:
         run from the table: a loop call per range of them, found between the
         other ops (few) without visiting each op; consecutive Sums share one
         function of statements."""
-        tab, ops = self.table, self.program.ops
+        tab, ops = self.table, dict(self.layout.lifted)      # the other ops, by position
         others = tab.others[np.searchsorted(tab.others, p0):np.searchsorted(tab.others, p1)].tolist()
         segments, at = [], p0
         for q in others:
@@ -215,10 +236,20 @@ class _Program:
         flush_sums()
         return steps
 
+    def _indexed(self, n):
+        """``(index, op)`` of the first ``n`` ops. From the op table only
+        the indices are read (``_table_steps``): the ops are not built (a
+        million ``Op`` objects cost seconds)."""
+        if self.table is not None:
+            return list(zip(range(n), itertools.repeat(None)))
+        return list(enumerate(self.program.ops[:n]))
+
     def forward(self):
         """``forward_rows``: every op; a sequence stops after ``b->upto``
         positions, its loss then the mean of theirs."""
-        ops = list(enumerate(self.program.ops))
+        if self.table is not None and not self.cuts:
+            return self._table_steps(0, self.program.n_ops, 'forward')
+        ops = self._indexed(self.program.n_ops)
         if not self.cuts:
             return self._steps(ops, 'forward')
         lay, out, start = self.layout, [], 0
@@ -235,7 +266,9 @@ class _Program:
     def backward(self):
         """``backward_rows``: the loss's cone in reverse; a sequence enters at
         position ``b->upto``."""
-        grad_ops = list(enumerate(self.program.grad_ops))
+        if self.table is not None and not self.cuts:
+            return self._table_steps(0, self.program.n_grad_ops, 'backward')
+        grad_ops = self._indexed(self.program.n_grad_ops)
         if not self.cuts:
             return self._steps(list(reversed(grad_ops)), 'backward')
         lay, T = self.layout, len(self.cuts)
@@ -288,10 +321,13 @@ class _Program:
     def emit(self):
         """The C of the program, and the numbers the template needs."""
         program, lay = self.program, self.layout
-        out = [_loss_of(lay, program), '', _init_constants(lay, program.constants)]
-        out += self.matvecs.functions()
+        out = [_loss_of(lay, program), '']
+        if self.table is not None or len(program.constants) >= blob.MIN_VALUES:
+            out.append(blob.UNPACK_C)
         if self.table is not None:
             out.append(self.table.c_text())
+        out.append(_init_constants(lay, program.constants, table=self.table is not None))
+        out += self.matvecs.functions()
         out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in self.matvecs.refresh()]
         out += ['    (void)p; (void)aux;\n}\n']
@@ -311,8 +347,9 @@ class _Program:
         out += ['    ' + s for s in backward]
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
-        work = sum(6 * op.rows * op.cols if type(op) is MatVec else
-                   3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
+        work = 3 * len(lay.scalar_part.arrays.code) + sum(
+            6 * op.rows * op.cols if type(op) is MatVec else 3 * (len(op.terms) if type(op) is Sum else 1)
+            for _, op in lay.lifted)
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),

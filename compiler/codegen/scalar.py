@@ -144,7 +144,7 @@ class ScalarRenderer:
 
     def __init__(self, layout):
         self.layout = layout
-        self.value = layout.value
+        self.value = layout.value      # slot -> its C location (formatted when asked for)
         self.grad = layout.grad
         program = layout.program
         self._params = (program.param_start, program.param_end)

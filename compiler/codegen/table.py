@@ -12,7 +12,9 @@ backward runs them in reverse, each operand's contribution as its statement
 would add it (to the row's gradient, to ``gp``, or recorded for
 ``param_grads``, where ``layout`` says).
 
-An entry: ``vm_info[i]`` the op's code (``ir.OP_NAMES``) plus 2 bits per
+The four int arrays reach C as one hex blob (compiler/codegen/blob.py),
+unpacked once by ``vm_unpack`` (``init_constants`` calls it). An entry:
+``vm_info[i]`` the op's code (``ir.OP_NAMES``) plus 2 bits per
 operand saying where its gradient goes (0: nowhere, 1: ``g[x]``, 2:
 ``gp[-1 - x]``, 3: recorded, at ``vm_recorded(2 i + operand)``); ``vm_out``,
 ``vm_a``, ``vm_b`` where the result and operands live (``x >= 0``: ``v[x]``,
@@ -21,8 +23,9 @@ else ``p[-1 - x]``); for ``**``, ``vm_b`` indexes its exponent in
 """
 import numpy as np
 
+from compiler.codegen import blob
 from compiler.codegen.scalar import SCALAR_C, Exponent, c_double
-from compiler.ir import OP_CODES, OP_NAMES, SCALAR_OPS, Op, ScalarArrays
+from compiler.ir import OP_CODES, OP_NAMES, SCALAR_OPS
 
 # Scalar ops from which the program's scalar code is an op table rather than
 # statements (compiler/codegen/program.py decides; tests lower it).
@@ -37,18 +40,11 @@ class OpTable:
     order: entry ``i`` is the ``i``-th of them)."""
 
     def __init__(self, program, layout, flags):
-        ops = program.ops
-        arrays = program.arrays
-        if arrays is None:
-            arrays = ScalarArrays.from_ops([op for op in ops if type(op) is Op])
-            others = [i for i, op in enumerate(ops) if type(op) is not Op]
-        else:
-            others = [i for i, _ in program.lifted]
-        self.others = np.array(others, dtype=np.int64)        # positions of the other ops
+        part = layout.scalar_part
+        arrays = part.arrays
+        self.others = np.array([i for i, _ in part.lifted], dtype=np.int64)    # positions of the other ops
         n = len(arrays.code)
-        # where each slot lives: v[x] for x >= 0, p[-1 - x] below
-        loc = np.array([int(t[2:-1]) if t[0] == 'v' else -1 - int(t[2:-1]) for t in layout.value],
-                       dtype=np.int64)
+        loc = layout.loc          # where each slot lives: v[x] for x >= 0, p[-1 - x] below
         needs = np.frombuffer(bytes(flags), dtype=np.uint8).astype(bool)
         code = arrays.code.astype(np.int64)
         binary = arrays.b >= 0
@@ -56,10 +52,13 @@ class OpTable:
         self.out = loc[arrays.out]
         self.a = loc[arrays.a]
         self.b = np.where(binary, loc[b_slot], 0)
-        # the exponents of '**': each its own entry of vm_k
+        # the exponents of '**': one entry of vm_k per distinct exponent (told
+        # apart by their bits: -0.0 is not 0.0, nor one NaN another)
         pows = np.flatnonzero(code == _POW)
-        self.k = [arrays.k[i] for i in pows.tolist()]
-        self.b[pows] = np.arange(len(pows))
+        ks = np.array([arrays.k[i] for i in pows.tolist()], dtype=np.float64)
+        bits, index = np.unique(ks.view(np.int64), return_inverse=True)
+        self.k = bits.view(np.float64).tolist()
+        self.b[pows] = index.reshape(-1)
         # where each operand's gradient goes
         grads = np.zeros((len(OP_NAMES), 2), dtype=bool)
         for name, row in SCALAR_C.items():
@@ -75,15 +74,13 @@ class OpTable:
         # a parameter's contribution goes where the layout says: added, or recorded
         self.recorded = {}
         if layout.recorded:
-            position = np.delete(np.arange(n + len(others)), self.others) if others else np.arange(n)
+            outs = arrays.out.tolist()
             for operand, kind in enumerate(kinds):
-                slots = arrays.a if operand == 0 else arrays.b
                 for i in np.flatnonzero(kind == 2).tolist():
-                    op = ops[position[i]]
-                    how, target = layout.grad_target(op, operand, int(slots[i]))
-                    if how == '=':
+                    at = layout.recorded_at(outs[i], operand)
+                    if at is not None:
                         kind[i] = 3
-                        self.recorded[2 * i + operand] = int(target[2:-1])
+                        self.recorded[2 * i + operand] = at
         self.info = code | kinds[0] << _KIND_SHIFT | kinds[1] << (_KIND_SHIFT + 2)
         self.n = n
 
@@ -98,7 +95,8 @@ class OpTable:
         return f'for (int r = r0; r < r1; r++) vm_backward({i0}, {i1}, ROW(b->v, r), ROW(b->g, r), b->p, b->gp);'
 
     def c_text(self):
-        """The table and its two loops."""
+        """The table (four int arrays, from one blob unpacked by ``vm_unpack``,
+        which ``init_constants`` calls) and its two loops."""
         def ints(name, values):
             values = list(values) or [0]
             lines = [', '.join(map(str, values[i:i + 24])) for i in range(0, len(values), 24)]
@@ -108,9 +106,19 @@ class OpTable:
             values = [c_double(x) for x in values] or ['0.0']
             return f'static const double {name}[{len(values)}] = {{' + ', '.join(values) + '};'
         keys = sorted(self.recorded)
+        n = max(1, self.n)
+        packed = np.zeros((4, n), dtype=np.int64)
+        packed[:, :self.n] = [self.info, self.out, self.a, self.b]
         out = [f'/* the scalar op table: {self.n:,} ops (compiler/codegen/table.py) */',
-               ints('vm_info', self.info.tolist()), ints('vm_out', self.out.tolist()),
-               ints('vm_a', self.a.tolist()), ints('vm_b', self.b.tolist()),
+               f'static int vm_info[{n}], vm_out[{n}], vm_a[{n}], vm_b[{n}];   /* unpacked by vm_unpack */',
+               blob.literal('vm_packed', blob.little_endian(packed, 'int')),
+               '',
+               'static void\nvm_unpack(void)\n{',
+               '    static int done;   /* once: the first state\'s init_constants, before any row runs */',
+               '    if (done)\n        return;',
+               *[f'    {blob.unpack_statement(f"vm_packed + {2 * 4 * n * i}", name, "int", n)}'
+                 for i, name in enumerate(('vm_info', 'vm_out', 'vm_a', 'vm_b'))],
+               '    done = 1;\n}',
                doubles('vm_k', self.k), doubles('vm_k1', [k - 1.0 for k in self.k]),
                ints('vm_rec_key', keys), ints('vm_rec_at', [self.recorded[k] for k in keys]),
                _LOOPS.replace('@N_REC@', str(len(keys)))

@@ -1,0 +1,598 @@
+/* The tracer's walk over a micrograd ``Value`` graph, in C (compiler/walk.py
+ * builds it once, cached like the generated modules, and compiler/trace.py
+ * uses it when it loads; its Python twin is ``trace._Walk``).
+ *
+ * Python API (the module is loaded as ``nn``, the name compiler/load.py and
+ * the build's load check give every module they build):
+ *
+ *     walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code,
+ *          lookup, want_slots) -> tuple or None
+ *
+ * It numbers the Values reachable from ``loss``, then from ``outputs``,
+ * exactly as ``micrograd.engine.topological_order`` orders them (depth
+ * first, children in ``_prev`` order, post-order; a Value is visited when
+ * it is first met), and returns
+ *
+ *     (code: bytes of int8, a: bytes of int64, b: bytes of int64, k: {op index: exponent},
+ *      constants: bytes of double, constant_values: [Value], n_cone: int,
+ *      looked_up: bytes of int64 (the number of each Value of ``lookup``),
+ *      labels: [(number, label)], slots: {Value: number} or None)
+ *
+ * over ``trace._Walk``'s provisional numbers: a leaf is ``-1 - slot`` (the
+ * ``declared`` inputs and parameters first, then the constants as they are
+ * met), the i-th computed Value is i, a unary op's ``b`` is NO_OPERAND.
+ *
+ *     leaves_ok(value_type, constant_type, values) -> bool
+ *
+ * says whether every Value of ``values`` is a leaf as ``trace._check_leaves``
+ * wants it, none listed twice (False: that function looks, and says what is
+ * wrong).
+ *
+ * It reads only the happy path: Values of exactly ``value_type`` or
+ * ``constant_type`` (their ``__slots__`` read at their offsets), a tuple
+ * ``_prev``, a str ``_op`` of ``op_codes`` of the right arity, a float
+ * ``_data``, a float or int exponent. Anything else (a node of another type,
+ * a cycle, an unknown op, a leaf with an op, ...) returns None, and the
+ * Python walk runs instead, so that every error is the Python walk's own.
+ * No Python code of the user's runs in here (no attribute lookup, no
+ * __hash__: Values are told apart by address, as the interpreter's sets of
+ * Values without __eq__ do), so the graph cannot change under the walk.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PENDING ((int64_t)1 << 62)          /* on the stack: met as an operand, a cycle */
+#define NO_OPERAND (-((int64_t)1 << 62))
+
+/* -- a table of numbers by address (open addressing, linear probing) ----- */
+
+typedef struct {
+    PyObject *key;
+    int64_t number;
+} Entry;
+
+typedef struct {
+    Entry *entries;
+    size_t mask, used;
+    size_t grown;             /* times it grew: entries moved */
+} Table;
+
+static size_t
+hash_address(const PyObject *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p >> 4;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x ^ (x >> 29));
+}
+
+static Entry *
+table_find(const Table *t, const PyObject *key)
+{
+    size_t i = hash_address(key) & t->mask;
+    while (t->entries[i].key != NULL && t->entries[i].key != key)
+        i = (i + 1) & t->mask;
+    return &t->entries[i];
+}
+
+static int
+table_init(Table *t, size_t capacity)
+{
+    size_t n = 1024;
+    while (n < 2 * capacity)
+        n *= 2;
+    t->entries = calloc(n, sizeof(Entry));
+    t->mask = n - 1;
+    t->used = 0;
+    return t->entries ? 0 : -1;
+}
+
+/* Enter ``key`` (not yet present) with ``number``: its entry, or NULL (no
+   memory). Keeps the load below 1/2: growing moves every entry. */
+static Entry *
+table_put(Table *t, PyObject *key, int64_t number)
+{
+    if (2 * (t->used + 1) > t->mask + 1) {
+        Table bigger;
+        if (table_init(&bigger, 2 * (t->mask + 1)) < 0)
+            return NULL;
+        for (size_t i = 0; i <= t->mask; i++)
+            if (t->entries[i].key != NULL)
+                *table_find(&bigger, t->entries[i].key) = t->entries[i];
+        bigger.used = t->used;
+        bigger.grown = t->grown + 1;
+        free(t->entries);
+        *t = bigger;
+    }
+    Entry *e = table_find(t, key);
+    e->key = key;
+    e->number = number;
+    t->used++;
+    return e;
+}
+
+static int
+table_add(Table *t, PyObject *key, int64_t number)
+{
+    return table_put(t, key, number) ? 0 : -1;
+}
+
+/* -- growable arrays ------------------------------------------------------ */
+
+typedef struct {
+    char *data;
+    size_t size, capacity;     /* in bytes */
+} Buffer;
+
+static int
+buffer_push(Buffer *b, const void *item, size_t n)
+{
+    if (b->size + n > b->capacity) {
+        size_t capacity = b->capacity ? 2 * b->capacity : 4096;
+        while (capacity < b->size + n)
+            capacity *= 2;
+        char *data = realloc(b->data, capacity);
+        if (data == NULL)
+            return -1;
+        b->data = data;
+        b->capacity = capacity;
+    }
+    memcpy(b->data + b->size, item, n);
+    b->size += n;
+    return 0;
+}
+
+#define PUSH(buffer, type, value) do { type item_ = (value); \
+        if (buffer_push(&(buffer), &item_, sizeof item_) < 0) goto no_memory; } while (0)
+
+/* -- the walk ----------------------------------------------------------- */
+
+typedef struct {
+    PyTypeObject *value_type, *constant_type;
+    Py_ssize_t prev, op, arg, data, label;     /* offsets of the __slots__ */
+    PyObject *op_codes;                        /* {name: code} */
+    int arities[64];
+    Py_ssize_t n_codes;
+    long pow_code;
+    int64_t n_declared;
+    Table seen;                                /* Value -> provisional number */
+    int want_slots;
+    Buffer order;                              /* the Values in the order they were met (want_slots) */
+    Buffer labels;                             /* Label: the labelled Values' numbers and labels */
+    Buffer code, a, b, constants;
+    PyObject *k, *constant_values;
+    Buffer frames;                             /* Frame: the walk's stack */
+} Walk;
+
+/* A Value on the walk's stack. */
+typedef struct {
+    PyObject *v;
+    Entry *entry;             /* its entry in the table (found again when the table grows) */
+    Py_ssize_t next;          /* its next operand to look at */
+    int64_t operand[2];       /* the numbers of its first two operands, as they are found */
+} Frame;
+
+#define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
+
+typedef struct {
+    int64_t number;
+    PyObject *label;          /* a new reference */
+} Label;
+
+/* Notes ``v``'s label, if it is a str that is not empty (as trace.py's
+   ``v.label and type(v.label) is str``), while ``v`` is at hand. */
+static int
+note_label(Walk *w, PyObject *v, int64_t number)
+{
+    PyObject *label = SLOT(v, w->label);
+    if (label == NULL || !PyUnicode_CheckExact(label) || PyUnicode_GET_LENGTH(label) == 0)
+        return 0;
+    Label item = {number, label};
+    if (buffer_push(&w->labels, &item, sizeof item) < 0)
+        return -1;
+    Py_INCREF(label);
+    return 0;
+}
+
+static int
+is_value(const Walk *w, PyObject *v)
+{
+    return Py_IS_TYPE(v, w->value_type) || Py_IS_TYPE(v, w->constant_type);
+}
+
+/* The offset of the __slots__ member ``name`` of ``type``, or -1. */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    Py_ssize_t offset = -1;
+    if (d == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if ((m->type == T_OBJECT_EX || m->type == T_OBJECT) && !(m->flags & READONLY))
+            offset = m->offset;
+    }
+    Py_DECREF(d);
+    return offset;
+}
+
+/* Reads the offsets of the Value type's own slots (a subclass such as
+   Constant has them at the same offsets); 0 when they are not all plain
+   writable object slots. */
+static int
+knows_value_type(Walk *w)
+{
+    w->prev = slot_offset(w->value_type, "_prev");
+    w->op = slot_offset(w->value_type, "_op");
+    w->arg = slot_offset(w->value_type, "_arg");
+    w->data = slot_offset(w->value_type, "_data");
+    w->label = slot_offset(w->value_type, "label");
+    return w->prev >= 0 && w->op >= 0 && w->arg >= 0 && w->data >= 0 && w->label >= 0
+           && PyType_IsSubtype(w->constant_type, w->value_type);
+}
+
+/* 1 when the walk read ``v`` as the Python walk would; 0: leave it to Python;
+   -1: out of memory (an exception is set). */
+typedef int Status;
+
+/* ``v`` met for the first time: numbered PENDING until it finishes, and
+   pushed on the stack. */
+static Status
+meet(Walk *w, PyObject *v)
+{
+    if (!is_value(w, v))
+        return 0;
+    PyObject *prev = SLOT(v, w->prev);
+    if (prev == NULL || !PyTuple_CheckExact(prev))
+        return 0;
+    size_t grown = w->seen.grown;
+    Frame frame = {v, table_put(&w->seen, v, PENDING), 0, {NO_OPERAND, NO_OPERAND}};
+    if (frame.entry == NULL)
+        return -1;
+    if (w->seen.grown != grown) {       /* the entries moved: find the stack's again */
+        Frame *frames = (Frame *)w->frames.data;
+        for (size_t i = 0; i < w->frames.size / sizeof(Frame); i++)
+            frames[i].entry = table_find(&w->seen, frames[i].v);
+    }
+    if (buffer_push(&w->frames, &frame, sizeof frame) < 0)
+        return -1;
+    if (w->want_slots && buffer_push(&w->order, &v, sizeof v) < 0)
+        return -1;
+    return 1;
+}
+
+/* A real number as ``trace._real`` reads it, or 0 to leave it to Python. */
+static int
+real(PyObject *x, double *out)
+{
+    if (x != NULL && PyFloat_CheckExact(x)) {
+        *out = PyFloat_AS_DOUBLE(x);
+        return 1;
+    }
+    if (x != NULL && PyLong_CheckExact(x)) {
+        double d = PyLong_AsDouble(x);
+        if (d == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        *out = d;
+        return 1;
+    }
+    return 0;
+}
+
+/* ``f``'s Value has its operands numbered (``f->operand``): number it (``*number``). */
+static Status
+finish(Walk *w, const Frame *f, int64_t *number)
+{
+    PyObject *v = f->v, *prev = SLOT(v, w->prev), *name = SLOT(v, w->op);
+    Py_ssize_t n = PyTuple_GET_SIZE(prev);
+    Entry *e = f->entry;
+    if (n == 0) {
+        double data;
+        if (name == NULL || !PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) != 0)
+            return 0;
+        if (!real(SLOT(v, w->data), &data) || !PyFloat_CheckExact(SLOT(v, w->data)))
+            return 0;
+        PUSH(w->constants, double, data);
+        if (PyList_Append(w->constant_values, v) < 0)
+            return -1;
+        e->number = *number = -1 - (w->n_declared + (int64_t)(w->constants.size / sizeof(double)) - 1);
+        return note_label(w, v, e->number) < 0 ? -1 : 1;
+    }
+    if (name == NULL || !PyUnicode_CheckExact(name))
+        return 0;
+    PyObject *found = PyDict_GetItemWithError(w->op_codes, name);
+    if (found == NULL) {
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        return 0;
+    }
+    long code = PyLong_AsLong(found);
+    if (code < 0 || code >= w->n_codes || w->arities[code] != n)
+        return 0;
+    int64_t x = f->operand[0], y = n == 2 ? f->operand[1] : NO_OPERAND;
+    int64_t index = (int64_t)w->code.size;
+    if (code == w->pow_code) {
+        double k;
+        if (!real(SLOT(v, w->arg), &k))
+            return 0;
+        PyObject *key = PyLong_FromLongLong(index), *value = PyFloat_FromDouble(k);
+        int failed = key == NULL || value == NULL || PyDict_SetItem(w->k, key, value) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (failed)
+            return -1;
+    }
+    PUSH(w->code, int8_t, (int8_t)code);
+    PUSH(w->a, int64_t, x);
+    PUSH(w->b, int64_t, y);
+    e->number = *number = index;
+    return note_label(w, v, index) < 0 ? -1 : 1;
+no_memory:
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* Walk from each root of ``roots`` (a list) in turn. Each operand is
+   looked up once, as it is met: its number (if it has one) goes straight
+   into its user's frame, or, once it finishes, from its own frame. */
+static Status
+walk_from(Walk *w, PyObject *roots)
+{
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(roots); r++) {
+        PyObject *root = PyList_GET_ITEM(roots, r);
+        if (table_find(&w->seen, root)->key != NULL)
+            continue;
+        w->frames.size = 0;
+        Status s = meet(w, root);
+        if (s <= 0)
+            return s;
+        while (w->frames.size) {
+            Frame *f = (Frame *)(w->frames.data + w->frames.size) - 1;
+            PyObject *prev = SLOT(f->v, w->prev), *child = NULL;
+            Py_ssize_t n = PyTuple_GET_SIZE(prev);
+            while (f->next < n) {
+                Py_ssize_t i = f->next++;
+                PyObject *c = PyTuple_GET_ITEM(prev, i);
+                const Entry *e = table_find(&w->seen, c);
+                if (e->key == NULL) {
+                    child = c;
+                    break;
+                }
+                if (e->number == PENDING)
+                    return 0;           /* on the stack: a cycle (the Python walk says so) */
+                if (i < 2)
+                    f->operand[i] = e->number;
+            }
+            if (child != NULL) {
+                s = meet(w, child);     /* (f may move) */
+                if (s <= 0)
+                    return s;
+                continue;
+            }
+            Frame done = *f;
+            int64_t number;
+            w->frames.size -= sizeof(Frame);
+            s = finish(w, &done, &number);
+            if (s <= 0)
+                return s;
+            if (w->frames.size) {       /* its user: the frame below, at the operand just taken */
+                Frame *user = (Frame *)(w->frames.data + w->frames.size) - 1;
+                if (user->next - 1 < 2)
+                    user->operand[user->next - 1] = number;
+            }
+        }
+    }
+    return 1;
+}
+
+static PyObject *
+bytes_of(const Buffer *b)
+{
+    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->size);
+}
+
+/* The walk's results (see the header), or NULL with an exception set. */
+static PyObject *
+results(Walk *w, Py_ssize_t n_cone, PyObject *lookup, int want_slots)
+{
+    PyObject *labels = NULL, *slots = NULL, *looked_up = NULL, *out = NULL;
+    Buffer numbers = {0};
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lookup); i++) {
+        Entry *e = table_find(&w->seen, PyList_GET_ITEM(lookup, i));
+        PUSH(numbers, int64_t, e->key != NULL ? e->number : PENDING);
+    }
+    looked_up = bytes_of(&numbers);
+    labels = PyList_New(0);
+    slots = want_slots ? PyDict_New() : (Py_INCREF(Py_None), Py_None);
+    if (looked_up == NULL || labels == NULL || slots == NULL)
+        goto done;
+    Label *noted = (Label *)w->labels.data;
+    for (size_t i = 0; i < w->labels.size / sizeof(Label); i++) {
+        PyObject *pair = Py_BuildValue("(LO)", (long long)noted[i].number, noted[i].label);
+        if (pair == NULL || PyList_Append(labels, pair) < 0) {
+            Py_XDECREF(pair);
+            goto done;
+        }
+        Py_DECREF(pair);
+    }
+    PyObject **order = (PyObject **)w->order.data;
+    for (size_t i = 0; want_slots && i < w->order.size / sizeof(PyObject *); i++) {
+        PyObject *v = order[i], *n = PyLong_FromLongLong(table_find(&w->seen, v)->number);
+        if (n == NULL || PyDict_SetItem(slots, v, n) < 0) {
+            Py_XDECREF(n);
+            goto done;
+        }
+        Py_DECREF(n);
+    }
+    out = Py_BuildValue("(NNNONOnNOO)", bytes_of(&w->code), bytes_of(&w->a), bytes_of(&w->b), w->k,
+                        bytes_of(&w->constants), w->constant_values, n_cone, looked_up, labels, slots);
+    looked_up = NULL;
+done:
+    free(numbers.data);
+    Py_XDECREF(looked_up);
+    Py_XDECREF(labels);
+    Py_XDECREF(slots);
+    return out;
+no_memory:
+    free(numbers.data);
+    return PyErr_NoMemory();
+}
+
+static PyObject *
+walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 10 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyList_CheckExact(args[2])
+            || !PyList_CheckExact(args[4]) || !PyDict_CheckExact(args[5]) || !PyList_CheckExact(args[6])
+            || !PyList_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "walk(value_type, constant_type, declared: list, loss, outputs: list, "
+                        "op_codes: dict, arities: list, pow_code, lookup: list, want_slots)");
+        return NULL;
+    }
+    Walk w;
+    memset(&w, 0, sizeof w);
+    w.value_type = (PyTypeObject *)args[0];
+    w.constant_type = (PyTypeObject *)args[1];
+    PyObject *declared = args[2], *loss = args[3], *outputs = args[4], *lookup = args[8];
+    w.op_codes = args[5];
+    w.n_codes = PyList_GET_SIZE(args[6]);
+    w.pow_code = PyLong_AsLong(args[7]);
+    int want_slots = PyObject_IsTrue(args[9]);
+    w.want_slots = want_slots;
+    if (w.n_codes > 64 || (w.pow_code == -1 && PyErr_Occurred()) || want_slots < 0) {
+        PyErr_SetString(PyExc_ValueError, "walk: at most 64 op codes, an int pow_code");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < w.n_codes; i++)
+        w.arities[i] = (int)PyLong_AsLong(PyList_GET_ITEM(args[6], i));
+    if (PyErr_Occurred())
+        return NULL;
+    if (!knows_value_type(&w))
+        Py_RETURN_NONE;         /* not the Value this walk knows: the Python walk reads it */
+
+    PyObject *out = NULL;
+    Status s = -1;
+    w.k = PyDict_New();
+    w.constant_values = PyList_New(0);
+    if (w.k == NULL || w.constant_values == NULL
+            || table_init(&w.seen, 2 * (size_t)PyList_GET_SIZE(declared) + 4096) < 0)
+        goto done;
+    w.n_declared = PyList_GET_SIZE(declared);
+    for (Py_ssize_t i = 0; i < w.n_declared; i++) {
+        PyObject *v = PyList_GET_ITEM(declared, i);
+        if (!is_value(&w, v) || table_find(&w.seen, v)->key != NULL) {
+            s = 0;              /* not a Value, or listed twice */
+            goto done;
+        }
+        if (table_add(&w.seen, v, -1 - (int64_t)i) < 0 || note_label(&w, v, -1 - (int64_t)i) < 0
+                || (want_slots && buffer_push(&w.order, &v, sizeof v) < 0))
+            goto done;
+    }
+    PyObject *roots = PyList_New(1);
+    if (roots == NULL)
+        goto done;
+    Py_INCREF(loss);
+    PyList_SET_ITEM(roots, 0, loss);
+    s = walk_from(&w, roots);
+    Py_DECREF(roots);
+    Py_ssize_t n_cone = (Py_ssize_t)w.code.size;
+    if (s > 0)
+        s = walk_from(&w, outputs);
+    if (s > 0)
+        out = results(&w, n_cone, lookup, want_slots);
+done:
+    if (s < 0 && !PyErr_Occurred())
+        PyErr_NoMemory();
+    free(w.seen.entries);
+    free(w.order.data);
+    for (size_t i = 0; i < w.labels.size / sizeof(Label); i++)
+        Py_DECREF(((Label *)w.labels.data)[i].label);
+    free(w.labels.data);
+    free(w.code.data);
+    free(w.a.data);
+    free(w.b.data);
+    free(w.constants.data);
+    free(w.frames.data);
+    Py_XDECREF(w.k);
+    Py_XDECREF(w.constant_values);
+    if (s == 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* leaves_ok(value_type, constant_type, values: list) -> bool: whether every
+   Value of ``values`` is a leaf as ``trace._check_leaves`` wants it (exactly
+   of ``value_type`` or ``constant_type``, no operands, no op, float data) and
+   none is listed twice. False: ``_check_leaves`` reads them and says what is
+   wrong. */
+static PyObject *
+leaves_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "leaves_ok(value_type, constant_type, values: list)");
+        return NULL;
+    }
+    Walk w;
+    memset(&w, 0, sizeof w);
+    w.value_type = (PyTypeObject *)args[0];
+    w.constant_type = (PyTypeObject *)args[1];
+    PyObject *values = args[2];
+    if (!knows_value_type(&w))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (table_init(&w.seen, (size_t)n) < 0)
+        return PyErr_NoMemory();
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i), *prev, *op, *data;
+        ok = is_value(&w, v) && (prev = SLOT(v, w.prev)) != NULL && PyTuple_CheckExact(prev)
+             && PyTuple_GET_SIZE(prev) == 0 && (op = SLOT(v, w.op)) != NULL && PyUnicode_CheckExact(op)
+             && PyUnicode_GET_LENGTH(op) == 0 && (data = SLOT(v, w.data)) != NULL && PyFloat_CheckExact(data)
+             && table_find(&w.seen, v)->key == NULL;
+        if (ok && table_add(&w.seen, v, i) < 0) {
+            free(w.seen.entries);
+            return PyErr_NoMemory();
+        }
+    }
+    free(w.seen.entries);
+    return PyBool_FromLong(ok);
+}
+
+PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
+             "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
+             "or None where the Python walk must read the graph.");
+
+static PyMethodDef walk_methods[] = {
+    {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, walk_doc},
+    {"leaves_ok", (PyCFunction)(void (*)(void))leaves_ok, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot walk_slots[] = {
+    {0, NULL},
+};
+
+static struct PyModuleDef walk_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "nn",
+    .m_doc = "The tracer's native walk over a micrograd Value graph (compiler/walk.py).",
+    .m_size = 0,
+    .m_methods = walk_methods,
+    .m_slots = walk_slots,
+};
+
+PyMODINIT_FUNC
+PyInit_nn(void)
+{
+    return PyModuleDef_Init(&walk_module);
+}

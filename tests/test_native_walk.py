@@ -1,0 +1,242 @@
+"""The tracer's C walk (compiler/templates/walk.c, compiler/walk.py) against
+its Python twin (``trace._Walk``): the same arrays, numbers, labels and
+slots on random graphs, and the same error wherever either refuses a graph."""
+import random
+import sys
+
+import numpy as np
+import pytest
+
+import compiler
+import micrograd
+from compiler import walk
+from compiler.ir import OP_CODES, POW
+from compiler.trace import _ARITY, trace_graph
+from micrograd import Value
+from micrograd.engine import Constant
+from tests.graphs import every_op_graph, nodes_of
+from tests.test_ir_arrays import random_graph
+
+
+@pytest.fixture(scope='module')
+def walker():
+    module = walk.native_walker()
+    assert module is not None, f"the C walk did not build here: {walk.problem()}"
+    return module
+
+
+def outcome(graph, native, constants=(), want_slots=True):
+    """What ``trace_graph`` makes of ``graph`` with one walk: its results as
+    plain data, or the error it raised (type and message)."""
+    loss, inputs, params, outputs = graph
+    try:
+        program, slots, undeclared = trace_graph(loss, inputs, params, outputs, constants,
+                                                 want_slots=want_slots, native=native)
+    except Exception as e:
+        return type(e), str(e)
+    arrays = program.arrays
+    roots = [*(loss if isinstance(loss, list) else [loss]), *outputs]
+    users = {id(v) for v in micrograd.topological_order(roots)}      # a sequence's sums are trace's own
+    return dict(code=arrays.code.tolist(), out=arrays.out.tolist(), a=arrays.a.tolist(), b=arrays.b.tolist(),
+                k=[(i, v.hex()) for i, v in sorted(arrays.k.items())], code_dtype=str(arrays.code.dtype),
+                constants=[(s, v.hex()) for s, v in program.constants.items()], n_slots=program.n_slots,
+                n_grad_ops=program.n_grad_ops, loss=program.loss, outputs=program.outputs,
+                prefix_sums=program.prefix_sums, labels=sorted(program.labels.items()),
+                graph_hash=program.graph_hash, undeclared=[id(v) for v in undeclared],
+                slots=None if slots is None else [(id(v) if id(v) in users else 'new', s) for v, s in slots.items()])
+
+
+def same_either_way(graph, constants=()):
+    c, python = outcome(graph, True, constants), outcome(graph, False, constants)
+    assert c == python
+    return python
+
+
+def raw_walk(walker, graph):
+    """The C walk's own answer (None: it left the graph to the Python walk)."""
+    loss, inputs, params, outputs = graph
+    return walker.walk(Value, Constant, list(inputs) + list(params), loss, list(outputs), OP_CODES, _ARITY,
+                       POW, [loss], False)
+
+
+def shared_graph(seed, n_ops=2000):
+    """A random graph with shared subgraphs, constants the ops wrap, constant
+    leaves of the user's, labels, dead ops and outputs outside the loss's cone."""
+    rng = random.Random(seed)
+    loss, inputs, params, outputs = random_graph(seed, n_ops)
+    mine = [Value(rng.uniform(-1, 1), label=f'c{i}') for i in range(3)]
+    shared = (loss * mine[0] + mine[1]).tanh()
+    loss = shared * shared + micrograd.max(shared, mine[2]) - 2.5
+    for v in rng.sample(nodes_of((loss, inputs, params, outputs)), 40):
+        v.label = rng.choice(['', 'h', 'layer 1', 'é', 0, None, 'x' * 100])
+    extra = (outputs[0] + 1.0).exp()        # only an output needs it
+    return loss, inputs, params, [*outputs, extra, shared]
+
+
+@pytest.mark.parametrize('seed', range(10))
+def test_random_graphs_give_the_python_walks_program(walker, seed):
+    graph = shared_graph(seed)
+    assert raw_walk(walker, graph) is not None           # the C walk read it itself
+    result = same_either_way(graph)
+    assert result['constants'] and result['labels'] and result['k']
+
+
+def test_a_chain_deeper_than_the_recursion_limit(walker):
+    x, w = Value(0.5), Value(0.25)
+    v = x
+    for i in range(3 * sys.getrecursionlimit()):
+        v = (v * w).tanh() if i % 2 else v + 1.0
+    graph = (v, [x], [w], [])
+    assert raw_walk(walker, graph) is not None
+    assert same_either_way(graph)['n_grad_ops'] == 3 * sys.getrecursionlimit() * 3 // 2
+
+
+def test_a_sequence_of_losses(walker):
+    xs, w = [Value(float(i)) for i in range(6)], Value(0.5)
+    h = Value(0.0)
+    losses = []
+    for x in xs:
+        h = (h * w + x).tanh()
+        losses.append((h - 1.0) ** 2)
+    result = same_either_way((losses, xs, [w], []))
+    assert len(result['prefix_sums']) == 6
+
+
+def test_declared_constants_and_shared_leaves(walker):
+    graph = every_op_graph()
+    loss, inputs, params, outputs = graph
+    c = Value(3.0)
+    graph = (loss * c + c, inputs, params, outputs)
+    assert same_either_way(graph, constants=[c])['undeclared'] == []
+    assert same_either_way(graph)['undeclared'] == [id(c)]
+
+
+def test_the_default_walks_large_graphs_in_c(monkeypatch, walker):
+    calls = []
+
+    class Spy:
+        def walk(self, *args):
+            calls.append(len(args))
+            return walker.walk(*args)
+
+        def leaves_ok(self, *args):
+            return walker.leaves_ok(*args)
+    monkeypatch.setattr(walk, 'native_walker', lambda: Spy())
+    graph = shared_graph(1, n_ops=300)
+    small = outcome(graph, None)
+    assert calls == []
+    monkeypatch.setattr(walk, 'NATIVE_MIN_OPS', 50)
+    assert outcome(graph, None) == small
+    assert calls == [10]
+    monkeypatch.setenv('MICROGRAD_NATIVE_WALK', '0')
+    assert outcome(graph, None) == small and outcome(graph, True) == small
+    assert calls == [10]
+
+
+def fresh():
+    x, w = Value(0.0), Value(2.0)
+    y = x * w
+    return x, w, y, y.relu()
+
+
+class LooksLikeAValue:
+    _prev, _op, data, _data, label = (), '', 1.0, 1.0, ''
+
+
+class MyValue(Value):
+    __slots__ = ()
+
+
+def malformed():
+    """(name, graph) of graphs a walk must refuse, or read another way than
+    the C walk's happy path."""
+    cases = []
+    x, w, y, z = fresh()
+    y._prev = (x, 3.0)
+    cases.append(('a number operand', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    y._prev = (x, [w])
+    cases.append(('an unhashable operand', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    y._prev = [x, w]
+    cases.append(('a list of operands', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    y._prev = (z, w)
+    cases.append(('a cycle', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    y._prev = (x, LooksLikeAValue())
+    cases.append(('a look-alike', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    y._op = 'relu '
+    cases.append(('an unknown op', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    y._op = 'relu'
+    cases.append(('a wrong arity', (z, [x], [w], [])))
+    x, w, y, z = fresh()
+    c = Value(1.0)
+    c._op = '+'
+    cases.append(('a leaf with an op', (z * c, [x], [w], [])))
+    x, w, y, z = fresh()
+    c = Value(1.0)
+    loss = z * c
+    c._data = 3                                 # an int: read as a float by the Python walk
+    cases.append(('int data', (loss, [x], [w], [])))
+    x, w, y, z = fresh()
+    c = Value(1.0)
+    loss = z * c
+    c._data = 'x'
+    cases.append(('str data', (loss, [x], [w], [])))
+    x, w, y, z = fresh()
+    p = z ** 2
+    p._arg = 3                                  # an int exponent: read by both
+    cases.append(('an int exponent', (p, [x], [w], [])))
+    x, w, y, z = fresh()
+    p = z ** 2
+    p._arg = '2'
+    cases.append(('a str exponent', (p, [x], [w], [])))
+    x, w, y, z = fresh()
+    m = MyValue(2.0)
+    cases.append(('a subclass of Value', (z * m, [x], [w], [])))
+    x, w, y, z = fresh()
+    cases.append(('an input listed twice', (z, [x, x], [w], [])))
+    x, w, y, z = fresh()
+    cases.append(('an input among the params', (z, [x], [w, x], [])))
+    x, w, y, z = fresh()
+    cases.append(('a computed input', (z, [y], [w], [])))
+    x, w, y, z = fresh()
+    del y._prev
+    cases.append(('no operands at all', (z, [x], [w], [])))
+    return cases
+
+
+@pytest.mark.parametrize('case', range(len(malformed())))
+def test_malformed_graphs_give_the_python_walks_error(walker, case):
+    name, graph = malformed()[case]
+    c, python = outcome(graph, True), outcome(graph, False)
+    assert c == python, name
+    if name not in ('int data', 'an int exponent', 'a computed input'):
+        assert raw_walk(walker, graph) is None, name        # left to the Python walk
+
+
+@pytest.mark.parametrize('case', range(len(malformed())))
+def test_malformed_graphs_give_the_python_walks_error_with_many_leaves(monkeypatch, walker, case):
+    monkeypatch.setattr(walk, 'NATIVE_MIN_LEAVES', 1)        # leaves checked in C too
+    name, graph = malformed()[case]
+    loss, inputs, params, outputs = graph
+    c = outcome(graph, True)
+    assert c == outcome(graph, False), name
+    if name in ('an input listed twice', 'an input among the params', 'a computed input'):
+        assert not walker.leaves_ok(Value, Constant, list(inputs) + list(params)), name
+        assert isinstance(c, tuple) and c[0] is compiler.TraceError, name
+    else:
+        assert walker.leaves_ok(Value, Constant, list(inputs) + list(params)), name
+
+
+def test_leaves_ok_refuses_what_check_leaves_refuses(walker):
+    x, w = Value(0.0), Value(1.0)
+    assert walker.leaves_ok(Value, Constant, [x, w])
+    assert not walker.leaves_ok(Value, Constant, [x, w, x])
+    assert not walker.leaves_ok(Value, Constant, [x, 1.0])
+    assert not walker.leaves_ok(Value, Constant, [x, x + w])
+    w._data = 1
+    assert not walker.leaves_ok(Value, Constant, [x, w])
