@@ -224,8 +224,18 @@ def _rows(g, folds):
     row_product = is_product.copy()
     row_product[starts[swap]], row_product[starts[swap] + 1] = False, True
     head = ~row_product[starts]
+    # a row whose first product reads a parameter (a neuron) ends at the
+    # first product that reads none (say ``alpha * penalty`` added to its output)
+    program = g.program
+    j = g.producer[row_terms]            # (-1 where not a product: masked)
+
+    def is_param(slots):
+        return (slots >= program.param_start) & (slots < program.param_end)
+    reads_param = row_product & (is_param(g.a[j]) | is_param(g.b[j]))
+    first = np.minimum(starts + head, starts + lengths - 1)
+    neuron = np.repeat(reads_param[first], lengths)
     position = np.arange(len(flat))
-    stop = np.where(row_product, len(flat), position)
+    stop = np.where(row_product & (reads_param | ~neuron), len(flat), position)
     stop[starts[head]] = len(flat)                # the head does not end the products
     first_other = np.minimum(np.minimum.reduceat(stop, starts), starts + lengths)
     n_products = first_other - starts - head
@@ -383,8 +393,9 @@ def _consistent_weights(layers, program, reasons):
         slots = np.concatenate([layer.weights.ravel() for layer in layers])
         which = np.repeat(np.arange(len(layers)), [layer.weights.size for layer in layers])
         keys = {}
-        matrix = np.repeat([keys.setdefault(layer.weights.tobytes() + str(layer.weights.shape).encode(), len(keys))
-                            for layer in layers], [layer.weights.size for layer in layers])
+        layer_matrix = [keys.setdefault(layer.weights.tobytes() + str(layer.weights.shape).encode(), len(keys))
+                        for layer in layers]
+        matrix = np.repeat(layer_matrix, [layer.weights.size for layer in layers])
         # a slot's matrix is the first layer's using it; a later one with another is bad
         order = np.lexsort((which, slots))
         first = np.r_[True, slots[order][1:] != slots[order][:-1]]
@@ -397,15 +408,21 @@ def _consistent_weights(layers, program, reasons):
             bad_layers.setdefault(int(which[i]), f'weight {layer.weight_name(slots[i])} (%{int(slots[i])}) is '
                                   'also a weight of another layer, in another place of its matrix')
         # a layer whose input or parameter head is another's weight: the
-        # renumbering moves weights, and their gradients come from one place
+        # renumbering moves weights, and their gradients come from one place;
+        # a parameter head is one matrix's (its gradient is summed with it)
         weight = np.zeros(program.n_slots, dtype=bool)
         weight[slots] = True
+        head_matrix = {}
         for i, layer in enumerate(layers):
             heads = [h for h in layer.heads if h is not None]
             for what, used in (('input', layer.vector), ('head', np.array(heads, dtype=np.int64))):
                 hit = used[weight[used]] if len(used) else used
                 if len(hit):
                     bad_layers.setdefault(i, f'{what} %{int(hit[0])} is also a weight of a layer')
+            for h in heads:
+                if program.param_start <= h < program.param_end and \
+                        head_matrix.setdefault(h, layer_matrix[i]) != layer_matrix[i]:
+                    bad_layers.setdefault(i, f'head %{h} is also the head of a layer of another matrix')
         if not bad_layers:
             return layers
         for i, why in bad_layers.items():

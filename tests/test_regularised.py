@@ -1,0 +1,254 @@
+"""Layers whose weights have other uses: an L2 regulariser (before, after or
+between the layers in the interpreter's order), a weight tied into scalar
+code, one matrix applied twice. The layers still lift, and every gradient
+gets its contributions in the interpreter's order, bit for bit: per sample,
+and over a batch (``train_batch``), at one and two threads, with and
+without the pass, with every compiler."""
+import numpy as np
+import pytest
+
+from compiler.ir import MatVec
+from micrograd import Value
+from micrograd.nn import MLP
+
+from tests.differential import (COMPILERS, FAST_CC, assert_matches_interpreter,
+                                assert_train_batch_matches_interpreter, compile_graph, needs_cc)
+
+
+def squares(params, alpha=1e-4):
+    """Karpathy's regulariser: ``alpha * sum(p * p for p in params)``."""
+    return alpha * sum(p * p for p in params)
+
+
+def layer(x, W, b):
+    return [sum((w * xi for w, xi in zip(row, x)), bias) for row, bias in zip(W, b)]
+
+
+def unpack(params, sizes):
+    """Weights and biases of an MLP of ``sizes`` from a flat list, neuron by
+    neuron (``MLP.parameters()``'s order)."""
+    it = iter(params)
+    out = []
+    for nin, nout in zip(sizes, sizes[1:]):
+        W, b = [], []
+        for _ in range(nout):
+            W.append([next(it) for _ in range(nin)])
+            b.append(next(it))
+        out.append((W, b))
+    return out
+
+
+def n_params(sizes):
+    return sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+
+
+def hinge_mlp(sizes, where):
+    """Karpathy's two-moons loss (SVM hinge on an MLP) with the regulariser
+    ``where`` the interpreter meets it: 'after' the layers (his demo),
+    'before' them, 'between' layer 1 and layer 2, 'none'; or 'some': only a
+    few weights of the middle layer, in its rows' order."""
+    def build(inputs, params):
+        layers = unpack(params, sizes)
+        x, label = inputs[:sizes[0]], inputs[sizes[0]]
+        reg = squares(params) if where in ('before', 'between', 'after') else None
+        if where == 'before':
+            start = reg * 1.0        # met first: backward adds it last
+        ys = layer(x, *layers[0])
+        h = [y.relu() for y in ys]
+        if where == 'between':
+            # layer 1, then the regulariser, then layer 2: backward adds the
+            # regulariser's contributions after layer 2's and before layer 1's
+            mid = sum(ys) * 0.0 + reg
+        for W, b in layers[1:-1]:
+            h = [y.relu() for y in layer(h, W, b)]
+        score = layer(h, *layers[-1])[0]
+        loss = (1 + -label * score).relu()
+        if where == 'before':
+            return start + loss, [score]
+        if where == 'between':
+            return mid + loss, [score]
+        if where == 'after':
+            return loss + reg, [score]
+        if where == 'some':
+            W = layers[1][0]
+            return loss + squares([W[3][1], W[0][2], W[3][0]], 0.5), [score]
+        return loss, [score]
+    return build
+
+
+def tied(inputs, params):
+    """An autoencoder with tied weights: the decoder is the encoder's
+    transpose (scalar code: another place in the matrix), plus the regulariser."""
+    W = [params[r * 4:(r + 1) * 4] for r in range(3)]        # 3x4 encoder
+    h = [y.tanh() for y in layer(inputs, W, params[12:15])]
+    out = [sum((W[r][c] * h[r] for r in range(3)), params[15 + c]) for c in range(4)]
+    loss = sum((o - x) * (o - x) for o, x in zip(out, inputs)) + squares(params[:12], 1e-2)
+    return loss, out
+
+
+def twice(inputs, params):
+    """One square matrix applied twice (``W relu(W x + b) + b``), and the
+    regulariser on it."""
+    W = [params[r * 4:(r + 1) * 4] for r in range(4)]
+    b = params[16:20]
+    h = [y.relu() for y in layer(inputs[:4], W, b)]
+    y = layer(h, W, b)
+    return sum(v * v for v in y) * 0.25 + squares(params, 1e-3), y
+
+
+def samples(n_in, rows, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(rows, n_in))
+    return X
+
+
+def hinge_rows(sizes, rows, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.hstack([rng.normal(size=(rows, sizes[0])), np.sign(rng.normal(size=(rows, 1)))])
+
+
+def start_params(n, seed=1):
+    return np.random.default_rng(seed).uniform(-1, 1, n).tolist()
+
+
+def matvecs(model):
+    return [(op.rows, op.cols) for op in model.program.ops if type(op) is MatVec]
+
+
+SIZES = [2, 6, 5, 1]
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('where', ['after', 'before', 'between', 'some'])
+def test_the_layers_of_a_regularised_mlp_lift_and_match_the_interpreter(cc, where):
+    build, params = hinge_mlp(SIZES, where), start_params(n_params(SIZES))
+    X = hinge_rows(SIZES, 4)
+    m = assert_matches_interpreter(build, X.tolist(), params, cc)
+    assert matvecs(m) == [(6, 2), (5, 6), (1, 5)]
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2])
+@pytest.mark.parametrize('where', ['after', 'before', 'between', 'some'])
+def test_train_batch_of_a_regularised_mlp_adds_each_rows_contributions_in_order(cc, threads, where):
+    # 150 rows: more than one block of rows, the last one short
+    build, params = hinge_mlp(SIZES, where), start_params(n_params(SIZES))
+    m = assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 150), params, 0.05, cc, steps=2,
+                                               threads=threads)
+    assert matvecs(m) == [(6, 2), (5, 6), (1, 5)]
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_without_the_pass_the_same_models_match_too(cc):
+    for where in ('after', 'between'):
+        build, params = hinge_mlp(SIZES, where), start_params(n_params(SIZES))
+        m = assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 40), params, 0.05, cc,
+                                                   vectorize=False)
+        assert matvecs(m) == []
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2])
+def test_tied_weights_lift_the_encoder_and_keep_the_decoder_scalar(cc, threads):
+    params = start_params(19, seed=3)
+    X = samples(4, 70, seed=4)
+    m = assert_matches_interpreter(tied, X[:3].tolist(), params, cc)
+    # one of the two lifts (the decoder, with more rows, is met first); the
+    # other reads the same weights in other places: it stays scalar, and says so
+    assert matvecs(m) == [(4, 3)]
+    (why,) = m.program.not_lifted
+    assert (why.rows, why.cols) == (3, 4) and 'another place of its matrix' in why.reason
+    assert_train_batch_matches_interpreter(tied, X, params, 0.05, cc, steps=2, threads=threads)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2])
+def test_a_matrix_applied_twice_with_a_regulariser(cc, threads):
+    params = start_params(20, seed=5)
+    X = samples(4, 70, seed=6)
+    m = assert_matches_interpreter(twice, X[:3].tolist(), params, cc)
+    assert matvecs(m) == [(4, 4), (4, 4)]
+    assert_train_batch_matches_interpreter(twice, X, params, 0.05, cc, steps=2, threads=threads)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_the_whole_batch_graph_of_karpathys_demo(cc):
+    # every example of the batch is a use of each matrix, and the
+    # regulariser one more: the gradient interleaves them in one row
+    sizes, batch = [2, 8, 8, 1], 6
+    data = hinge_rows(sizes, batch, seed=8)
+
+    def build(inputs, params):
+        layers = unpack(params, sizes)
+        losses = []
+        for i in range(batch):
+            h = inputs[3 * i:3 * i + 2]
+            for W, b in layers[:-1]:
+                h = [y.relu() for y in layer(h, W, b)]
+            score = layer(h, *layers[-1])[0]
+            losses.append((1 + -inputs[3 * i + 2] * score).relu())
+        return sum(losses) * (1.0 / batch) + squares(params), []
+    m = assert_matches_interpreter(build, [data.ravel().tolist()], start_params(n_params(sizes)), cc)
+    assert len(matvecs(m)) == 3 * batch
+
+
+@needs_cc
+def test_above_the_recorded_limit_the_matvec_adds_in_the_rows_backward():
+    # more scalar parameter uses than Layout records (MAX_RECORDED): scalar
+    # code adds into gp directly, rows one after another, and so do the layers
+    from compiler.codegen.layout import MAX_RECORDED
+    sizes = [40, 50, 1]
+    assert 2 * n_params(sizes) > MAX_RECORDED
+    build, params = hinge_mlp(sizes, 'after'), start_params(n_params(sizes))
+    m = assert_matches_interpreter(build, hinge_rows(sizes, 2).tolist(), params, FAST_CC)
+    assert matvecs(m) == [(50, 40), (1, 50)]
+    assert_train_batch_matches_interpreter(build, hinge_rows(sizes, 70), params, 0.05, FAST_CC, threads=2)
+
+
+def row_with_a_squared_weight_head(inputs, params):
+    """A 4x3 layer whose third row starts from tanh(W[0][0]**2): the square reads
+    W[0][0] after row 0's product and before the layer is complete, so a
+    lifted layer would move that weight's gradient contributions."""
+    W = [params[r * 3:(r + 1) * 3] for r in range(4)]
+    ys = []
+    for r in range(4):
+        head = (W[0][0] * W[0][0]).tanh() if r == 2 else params[12 + r]
+        ys.append(sum((w * x for w, x in zip(W[r], inputs)), head))
+    return sum(y.tanh() for y in ys), ys
+
+
+@needs_cc
+def test_a_layer_that_would_reorder_a_gradient_stays_scalar_and_the_summary_says_why():
+    params = start_params(16, seed=9)
+    m = assert_matches_interpreter(row_with_a_squared_weight_head, samples(3, 2, seed=2).tolist(), params, FAST_CC)
+    assert matvecs(m) == []
+    (why,) = m.program.not_lifted
+    assert (why.rows, why.cols) == (4, 3)
+    assert 'weight W[0][0]' in why.reason and 'order of gradient accumulation' in why.reason
+    text = m.summary()
+    assert 'not lifted' in text and 'W[0][0]' in text
+
+
+def test_a_sum_of_squares_is_no_layer_and_needs_no_reason():
+    import compiler
+    from compiler.vectorize import vectorize
+    xs = [Value(0.0), Value(0.0)]
+    model = MLP(2, [4, 1], seed=0)
+    loss = model(xs) + squares(model.parameters())
+    program = vectorize(compiler.trace(loss, xs, model.parameters()))
+    assert [(op.rows, op.cols) for op in program.ops if type(op) is MatVec] == [(4, 2), (1, 4)]
+    assert program.not_lifted == ()
+
+
+@needs_cc
+def test_the_summary_of_the_regularised_demo_shows_three_layers():
+    build = hinge_mlp([2, 16, 16, 1], 'after')
+    m = compile_graph(build, 3, start_params(n_params([2, 16, 16, 1])), FAST_CC)
+    text = m.summary()
+    assert text.count('MatVec') == 3 and 'not lifted' not in text
