@@ -252,3 +252,20 @@ def test_the_summary_of_the_regularised_demo_shows_three_layers():
     m = compile_graph(build, 3, start_params(n_params([2, 16, 16, 1])), FAST_CC)
     text = m.summary()
     assert text.count('MatVec') == 3 and 'not lifted' not in text
+
+
+@needs_cc
+@pytest.mark.parametrize('threads', [1, 2])
+def test_the_table_driven_loop_for_many_kinds_of_parameters_is_exact_too(monkeypatch, threads):
+    # above MAX_GROUP_LINES one loop reads every parameter's contributions
+    # from tables: force it on the models above
+    import compiler.codegen.shared_grads as shared_grads
+    monkeypatch.setattr(shared_grads, 'MAX_GROUP_LINES', 0)
+    for where in ('between', 'some'):
+        build, params = hinge_mlp(SIZES, where), start_params(n_params(SIZES))
+        m = assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 90), params, 0.05, FAST_CC, steps=2,
+                                                   threads=threads)
+        assert 'mix_item' in m.source
+    m = assert_train_batch_matches_interpreter(tied, samples(4, 40, seed=4), start_params(19, seed=3), 0.05, FAST_CC,
+                                               threads=threads)
+    assert 'mix_item' in m.source

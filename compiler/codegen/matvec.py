@@ -7,18 +7,12 @@ positions): its gradient is one reduction over the rows of a block and,
 within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 
-A weight (or parameter head) that scalar code also reads (a regulariser, a
-weight tied into scalar code) gets its contributions from both, in each
-row's backward order, row after row. Where scalar contributions are
-recorded per row (``Layout.recorded``), the block's weight gradient is one
-simple loop per parameter over the rows and, within a row, over its
-contributions in backward order (``_interleaved_grad``); where scalar code
-adds into ``gp`` directly (one row after another, on one thread), the
-``MatVec``'s backward adds its own contributions there too, at its place in
-the row's backward (``_backward``).
+A block whose weights (or parameter heads) scalar code also reads (a
+regulariser, a tied weight) gets its gradient from ``shared_grads.py``
+instead: each row's contributions in that row's backward order.
 """
 from compiler.codegen.layout import PANEL, round_up
-from compiler.ir import MatVec
+from compiler.codegen.shared_grads import contributions, direct_grads, interleaved_grad, mixed_blocks
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
 
@@ -53,7 +47,7 @@ class MatVecRenderer:
                 self.uses.setdefault(op.wt0, []).append(op)
         self.block_rows = block_rows
         # weight blocks whose parameters scalar code reads too: {wt0: their parameter slots}
-        self.mixed = _mixed_blocks(program, flags, self.uses)
+        self.mixed = mixed_blocks(program, flags, self.uses)
         self.mixed_params = {s for slots in self.mixed.values() for s in slots}
 
     def _p(self, slot):
@@ -124,84 +118,10 @@ class MatVecRenderer:
             if wt0 not in self.mixed:
                 out.append(self._weight_grad(wt0, uses))
             elif self.layout.recorded:
-                out.append(self._interleaved_grad(wt0, uses))
+                params = self.mixed[wt0]
+                items = contributions(self.program, self.layout, self.flags, params, uses)
+                out.append(interleaved_grad(self.name[id(uses[0])], self.layout, items, params))
         return out
-
-    def _direct_grads(self, op):
-        """Per row, this use's contributions to the gradients of its weights
-        and parameter heads, added into ``gp`` at its place in the row's
-        backward (rows run one after another: scalar code adds there too)."""
-        R, C, RP = op.rows, op.cols, round_up(op.rows, PANEL)
-        x, y = self._row(op.x0), self._row(op.y0)
-        lines = ['    for (int r = r0; r < r1; r++) {   /* d W += x gy, in the row\'s backward order */',
-                 '        const double *restrict v = ROW(b->v, r), *restrict g = ROW(b->g, r);',
-                 '        double *restrict gw = b->gp;']
-        if self.flags[op.wt0]:
-            lines += [f'        for (int k = 0; k < {C}; k++)',
-                      f'            for (int n = 0; n < {R}; n++)',
-                      f'                gw[{self.layout.weight_base[op.wt0]} + k * {RP} + n] += v[{x} + k] * g[{y} + n];']
-        for n, h in enumerate(op.heads or ()):
-            if not self.layout.is_row(h) and self.flags[h]:
-                lines.append(f'        gw[{self._p(h)}] += g[{y + n}];')
-        lines += ['        (void)v; (void)gw;', '    }']
-        return lines
-
-    def _interleaved_grad(self, wt0, uses):
-        """The gradients of a block's weights and parameter heads that scalar
-        code also reads, over a block's rows: for each parameter, row after
-        row, its contributions in that row's backward order: recorded scalar
-        ones (``g[n_row + u]``) and this block's products ``x * gy`` (heads:
-        ``gy``), as the interpreter adds them. A plain loop per parameter
-        (each parameter's sum is one chain: no lanes across rows)."""
-        name = self.name[id(uses[0])]
-        params, items = _interleaving(self.program, self.layout, self.flags, self.mixed[wt0], uses)
-        terms, where = [], {}
-        item_codes, starts = [], [0]
-        for slot in params:
-            for kind, *what in items[slot]:
-                if kind == 'rec':
-                    item_codes.append(self.layout.n_row + what[0])
-                    continue
-                use, index = what
-                x = -1 if kind == 'head' else self._row(use.x0) + index[1]
-                key = (x, self._row(use.y0) + index[0])
-                if key not in where:
-                    where[key] = len(terms)
-                    terms.append(key)
-                item_codes.append(-1 - where[key])
-            starts.append(len(item_codes))
-        gp = [self._p(s) for s in params]
-        P = len(params)
-
-        def table(ctype, label, values):
-            return f'static const {ctype} {name}_{label}[{max(1, len(values))}] = {{{", ".join(map(str, values or [0]))}}};'
-        return '\n'.join([
-            f'/* the gradients of {name}\'s weights and heads that scalar code also reads */',
-            table('int', 'mix_param', gp), table('int', 'mix_start', starts),
-            '/* >= 0: a recorded scalar contribution g[item]; < 0: the term -1 - item */',
-            table('int', 'mix_item', item_codes),
-            '/* each term: x (-1: a head) and gy in the row */',
-            table('int', 'mix_x', [t[0] for t in terms]), table('int', 'mix_gy', [t[1] for t in terms]),
-            f'static void\n{name}_weight_grad(const Block *b, int rows, int part, int parts, void *scratch)\n{{',
-            f'    const int i0 = {P} * part / parts, i1 = {P} * (part + 1) / parts;',
-            '    for (int i = i0; i < i1; i++) {',
-            f'        double a = b->gp[{name}_mix_param[i]];',
-            '        for (int r = 0; r < rows; r++) {',
-            '            const double *restrict v = ROW(b->v, r), *restrict g = ROW(b->g, r);',
-            f'            for (int k = {name}_mix_start[i]; k < {name}_mix_start[i + 1]; k++) {{',
-            f'                const int t = {name}_mix_item[k];',
-            '                if (t >= 0)',
-            '                    a += g[t];',
-            f'                else if ({name}_mix_x[-1 - t] >= 0)',
-            f'                    a += v[{name}_mix_x[-1 - t]] * g[{name}_mix_gy[-1 - t]];',
-            '                else',
-            f'                    a += g[{name}_mix_gy[-1 - t]];',
-            '            }',
-            '        }',
-            f'        b->gp[{name}_mix_param[i]] = a;',
-            '    }',
-            '    (void)scratch;',
-            '}'])
 
     def _forward(self, op):
         name, a, wa = self.name[id(op)], self.layout.aux[id(op)], self.layout.weight_aux[op.wt0]
@@ -235,7 +155,7 @@ class MatVecRenderer:
                       *[f'        {self.layout.grad[h]} += g[{y + n}];' for n, h in row_heads],
                       '    }']
         if op.wt0 in self.mixed and not self.layout.recorded:
-            lines += self._direct_grads(op)
+            lines += direct_grads(self.layout, self.flags, op)
         if op.grad_x:
             guard = '    if (b->input_grads)\n    ' if op.x0 < self.program.n_inputs else ''
             lines.append(f'{guard}    b->k->bgx(b->aux + {a.bgx}, {name}_order, {op.rows}, {op.cols}, '
@@ -325,56 +245,3 @@ class MatVecRenderer:
                    + RB_MAX + 7 * 64)
             need = max(need, lists(op.cols), lists(op.rows), 16 * n + bgw)
         return round_up(need, 64)
-
-
-def _mixed_blocks(program, flags, uses):
-    """``{wt0: parameter slots}`` of the weight blocks (with a backward)
-    whose weights or parameter heads scalar code also reads with a gradient
-    to pass: those slots are the block's weights and parameter heads."""
-    if not uses:
-        return {}
-    owner = {}
-    for wt0, ops in uses.items():
-        op = ops[0]
-        for s in range(wt0, wt0 + op.rows * op.cols):
-            owner[s] = wt0
-        for u in ops:
-            for h in u.heads or ():
-                if program.param_start <= h < program.param_end:
-                    owner[h] = wt0
-    mixed = set()
-    for op in program.grad_ops:
-        if type(op) is not MatVec and flags[op.out]:
-            mixed.update(owner[s] for s in op.reads if s in owner)
-    out = {}
-    for wt0 in mixed:
-        out[wt0] = sorted(s for s, w in owner.items() if w == wt0 and flags[s])
-    return out
-
-
-def _interleaving(program, layout, flags, params, uses):
-    """``(params, items)``: for each parameter of a mixed block, its
-    contributions within one row in backward order: ``('rec', u)`` (scalar
-    code's, recorded as contribution ``u``), ``('weight', use, (n, k))`` and
-    ``('head', use, (n, None))`` (a use of the block: row ``n``, column ``k``)."""
-    wanted = set(params)
-    items = {s: [] for s in params}
-    recorded = {s: iter(layout.param_uses.get(s, ())) for s in params}
-    backward_uses = {id(u) for u in uses}
-    for op in reversed(program.grad_ops):
-        if type(op) is MatVec:
-            if id(op) not in backward_uses:
-                continue
-            R = op.rows
-            for s in range(op.wt0, op.wt0 + R * op.cols):
-                if s in wanted:
-                    k, n = divmod(s - op.wt0, R)
-                    items[s].append(('weight', op, (n, k)))
-            for n, h in enumerate(op.heads or ()):
-                if h in wanted:
-                    items[h].append(('head', op, (n, None)))
-        elif flags[op.out]:
-            for i, s in enumerate(op.reads):
-                if s in wanted and layout.grad_target(op, i, s)[0] == '=':
-                    items[s].append(('rec', next(recorded[s])))
-    return params, items
