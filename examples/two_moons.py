@@ -19,13 +19,14 @@ Two ways to compile it:
   optimizer once per step). ``train_batch`` with the regulariser is checked
   against the interpreter doing the same on ``--check`` steps.
 
-Times are per step (the median over ``--repeats`` runs of all the steps,
-the variants run alternately).
+Times are CPU seconds of this process per step (``time.process_time``:
+on a shared machine, time spent waiting for a core is not counted; with
+``--threads 2`` both threads' time adds up), the least over ``--repeats``
+runs of all the steps, the variants run alternately.
 """
 import argparse
 import math
 import random
-import statistics
 import sys
 import time
 
@@ -192,15 +193,16 @@ def main():
     times = {name: [] for name in runs}
     for _ in range(args.repeats):
         for name, run in runs.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             losses = run()
-            times[name].append((time.perf_counter() - t0) / STEPS)
+            times[name].append((time.process_time() - t0) / STEPS)
             assert all(math.isfinite(v) for v in losses)
-    base = statistics.median(times['per row, no regulariser'])
-    print(f'\n{STEPS} steps on 100 points; median of {args.repeats} runs; train_batch on {args.threads} thread(s)')
+    base = min(times['per row, no regulariser'])
+    print(f'\n{STEPS} steps on 100 points; CPU time, best of {args.repeats} runs; '
+          f'train_batch on {args.threads} thread(s)')
     print(f'{"":44}{"ms/step":>10}{"vs per row, no reg.":>22}')
     for name, ts in times.items():
-        t = statistics.median(ts)
+        t = min(ts)
         print(f'{name:44}{t * 1e3:10.3f}{t / base:21.2f}x')
     final = run_whole()[-1]
     print(f'\nfinal loss (whole batch): {final:.6f}')
