@@ -387,49 +387,49 @@ def _consistent_weights(layers, program, reasons):
     one block of parameters, laid out once), and are no layer's input or
     parameter head. Weights may have other uses (a regulariser, a tied
     weight read by scalar code): the order check decides whether their
-    gradient contributions keep their order. Layers that break this are
-    dropped (with a ``_Reason``) until none does."""
-    while layers:
-        slots = np.concatenate([layer.weights.ravel() for layer in layers])
-        which = np.repeat(np.arange(len(layers)), [layer.weights.size for layer in layers])
-        keys = {}
-        layer_matrix = [keys.setdefault(layer.weights.tobytes() + str(layer.weights.shape).encode(), len(keys))
-                        for layer in layers]
-        matrix = np.repeat(layer_matrix, [layer.weights.size for layer in layers])
-        # a slot's matrix is the first layer's using it; a later one with another is bad
-        order = np.lexsort((which, slots))
-        first = np.r_[True, slots[order][1:] != slots[order][:-1]]
-        group = np.cumsum(first) - 1
-        bad = np.zeros(len(slots), dtype=bool)
-        bad[order] = matrix[order] != matrix[order][first][group]
-        bad_layers = {}
-        for i in np.flatnonzero(bad).tolist():
-            layer = layers[which[i]]
-            bad_layers.setdefault(int(which[i]), f'weight {layer.weight_name(slots[i])} (%{int(slots[i])}) is '
-                                  'also a weight of another layer, in another place of its matrix')
-        # a layer whose input or parameter head is another's weight: the
-        # renumbering moves weights, and their gradients come from one place;
-        # a parameter head is one matrix's (its gradient is summed with it)
-        weight = np.zeros(program.n_slots, dtype=bool)
-        weight[slots] = True
-        head_matrix = {}
-        for i, layer in enumerate(layers):
-            heads = [h for h in layer.heads if h is not None]
-            for what, used in (('input', layer.vector), ('head', np.array(heads, dtype=np.int64))):
-                hit = used[weight[used]] if len(used) else used
-                if len(hit):
-                    bad_layers.setdefault(i, f'{what} %{int(hit[0])} is also a weight of a layer')
-            for h in heads:
-                if program.param_start <= h < program.param_end and \
-                        head_matrix.setdefault(h, layer_matrix[i]) != layer_matrix[i]:
-                    bad_layers.setdefault(i, f'head %{h} is also the head of a layer of another matrix')
-        if not bad_layers:
-            return layers
-        for i, why in bad_layers.items():
-            R, C = layers[i].weights.shape
-            reasons.append(_Reason(R, C, layers[i].y_slots, lambda name, why=why: why))
-        layers = [layer for i, layer in enumerate(layers) if i not in bad_layers]
-    return layers
+    gradient contributions keep their order. Layers are taken in order (the
+    most rows first) while they agree with those taken; the others stay
+    scalar, with a ``_Reason``."""
+    where = {}          # weight slot -> the matrix key of the layers taken
+    others = set()      # the inputs and parameter heads of the layers taken
+    head_matrix = {}    # parameter head -> the matrix key of the layers taken
+    kept, taken = [], set()
+
+    def is_param(s):
+        return program.param_start <= s < program.param_end
+    for layer in layers:
+        key = layer.weights.tobytes() + str(layer.weights.shape).encode()
+        # (a matrix taken before, at another position: the same slots, checked then)
+        weights = [] if key in taken else layer.weights.ravel().tolist()
+        heads = [h for h in layer.heads if h is not None and is_param(h)]
+        why = None
+        for s in weights:
+            if s in where and where[s] != key:
+                why = f'weight {layer.weight_name(s)} (%{s}) is also a weight of another layer, in another place of its matrix'
+            elif s in others:
+                why = f'weight {layer.weight_name(s)} (%{s}) is also the input or head of another layer'
+            if why:
+                break
+        for what, slots in (('input', layer.vector.tolist()), ('head', heads)):
+            hit = [s for s in slots if s in where]
+            if why is None and hit:
+                why = f'{what} %{hit[0]} is also a weight of another layer'
+        for h in heads:
+            if why is None and head_matrix.get(h, key) != key:
+                why = f'head %{h} is also the head of a layer of another matrix'
+        if why is not None:
+            R, C = layer.weights.shape
+            reasons.append(_Reason(R, C, layer.y_slots, lambda name, why=why: why))
+            continue
+        kept.append(layer)
+        taken.add(key)
+        for s in weights:
+            where[s] = key
+        others.update(layer.vector.tolist())
+        others.update(heads)
+        for h in heads:
+            head_matrix[h] = key
+    return kept
 
 
 def _make_layer(vector, members, rows, g):

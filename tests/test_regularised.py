@@ -6,6 +6,7 @@ and over a batch (``train_batch``), at one and two threads, with and
 without the pass, with every compiler."""
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler.ir import MatVec
 from micrograd import Value
@@ -269,3 +270,68 @@ def test_the_table_driven_loop_for_many_kinds_of_parameters_is_exact_too(monkeyp
     m = assert_train_batch_matches_interpreter(tied, samples(4, 40, seed=4), start_params(19, seed=3), 0.05, FAST_CC,
                                                threads=threads)
     assert 'mix_item' in m.source
+
+
+
+# -- random graphs: penalties on random weights, anywhere in the order ----------
+
+PENALTIES = {
+    'square': lambda p: p * p,
+    'relu': lambda p: p.relu(),
+    'tanh_times': lambda p: p.tanh() * p,
+    'minus': lambda p: p - p * 0.5,
+}
+
+
+@st.composite
+def penalised_mlps(draw):
+    """An MLP of random widths whose chosen weights and biases also feed a
+    penalty of a random kind, added to the loss at a random place: before
+    the layers, after them, or right after layer ``k``."""
+    sizes = draw(st.lists(st.integers(1, 5), min_size=3, max_size=4))
+    n = n_params(sizes)
+    chosen = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=min(n, 12), unique=True))
+    kind = draw(st.sampled_from(sorted(PENALTIES)))
+    where = draw(st.integers(-1, len(sizes) - 1))      # -1: before the layers; len - 1: after
+    return sizes, chosen, kind, where
+
+
+def penalised_builder(shape):
+    sizes, chosen, kind, where = shape
+
+    def penalty(params):
+        return 0.01 * sum(PENALTIES[kind](params[i]) for i in chosen)
+
+    def build(inputs, params):
+        first = penalty(params) if where == -1 else None
+        x, after = list(inputs), None
+        for li, (W, b) in enumerate(unpack(params, sizes)):
+            ys = layer(x, W, b)
+            if li == where:
+                after = sum(ys) * 0.0 + penalty(params)    # met right after this layer
+            x = [y.tanh() for y in ys] if li < len(sizes) - 2 else ys
+        loss = sum(v * v for v in x)
+        if first is not None:
+            loss = first + loss
+        if after is not None:
+            loss = after + loss
+        if where == len(sizes) - 1:
+            loss = loss + penalty(params)
+        return loss, x
+    return build
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=penalised_mlps(), data=st.data())
+def test_random_penalised_mlps_match_the_interpreter(cc, shape, data):
+    values = st.floats(-2, 2, allow_nan=False)
+    n = n_params(shape[0])
+    params = data.draw(st.lists(values, min_size=n, max_size=n))
+    rows = data.draw(st.lists(st.lists(values, min_size=shape[0][0], max_size=shape[0][0]),
+                              min_size=1, max_size=3))
+    build = penalised_builder(shape)
+    assert_matches_interpreter(build, rows, params, cc)
+    threads = data.draw(st.sampled_from([1, 2]))
+    assert_train_batch_matches_interpreter(build, np.array(rows * 30), params, 0.01, cc, threads=threads)
