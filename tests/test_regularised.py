@@ -200,16 +200,18 @@ def test_the_whole_batch_graph_of_karpathys_demo(cc):
 
 
 @needs_cc
-def test_above_the_recorded_limit_the_matvec_adds_in_the_rows_backward():
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_above_the_recorded_limit_the_matvec_adds_in_the_rows_backward(cc):
     # more scalar parameter uses than Layout records (MAX_RECORDED): scalar
     # code adds into gp directly, rows one after another, and so do the layers
     from compiler.codegen.layout import MAX_RECORDED
     sizes = [40, 50, 1]
     assert 2 * n_params(sizes) > MAX_RECORDED
     build, params = hinge_mlp(sizes, 'after'), start_params(n_params(sizes))
-    m = assert_matches_interpreter(build, hinge_rows(sizes, 2).tolist(), params, FAST_CC)
+    m = assert_matches_interpreter(build, hinge_rows(sizes, 2).tolist(), params, cc)
     assert matvecs(m) == [(50, 40), (1, 50)]
-    assert_train_batch_matches_interpreter(build, hinge_rows(sizes, 70), params, 0.05, FAST_CC, threads=2)
+    assert 'd W += x gy' in m.source
+    assert_train_batch_matches_interpreter(build, hinge_rows(sizes, 70), params, 0.05, cc, threads=2)
 
 
 def row_with_a_squared_weight_head(inputs, params):

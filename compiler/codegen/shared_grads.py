@@ -29,7 +29,7 @@ whose weights only layers read.
 from collections import defaultdict
 
 from compiler.codegen.layout import PANEL, round_up
-from compiler.ir import MatVec
+from compiler.ir import MatVec, Op, Sum
 
 # Above this many (parameter group x contribution) lines, one table-driven
 # loop serves every parameter instead of a loop per group.
@@ -54,8 +54,14 @@ def mixed_blocks(program, flags, uses):
                     owner[h] = wt0
     mixed = set()
     for op in program.grad_ops:
-        if type(op) is not MatVec and flags[op.out]:
-            mixed.update(owner[s] for s in op.reads if s in owner)
+        if type(op) is MatVec or not flags[op.out]:
+            continue
+        read = {owner[s] for s in op.reads if s in owner}
+        if read and type(op) not in (Op, Sum):
+            # its contributions would go straight into gp, out of each row's order
+            raise NotImplementedError(f'{type(op).__name__} reads the weights of a MatVec: its gradient '
+                                      'contributions must be recorded per row like scalar code (Layout)')
+        mixed.update(read)
     by_block = defaultdict(list)
     for s, wt0 in owner.items():
         if wt0 in mixed and flags[s]:
@@ -93,7 +99,10 @@ def contributions(program, layout, flags, params, uses):
 
 
 def _index(name, values):
-    """A C expression of ``values[i]``, and the table it needs (or None)."""
+    """A C expression of ``values[i]``, and the table it needs (or None).
+    (Values that step evenly in runs, say a block's weights column by
+    column, computed as ``c + a * (i / p) + b * (i % p)``, measured no
+    faster than a table here.)"""
     step = values[1] - values[0] if len(values) > 1 else 0
     if all(v == values[0] + i * step for i, v in enumerate(values)):
         return f'{values[0]} + {step} * i' if step else f'{values[0]}', None
@@ -119,6 +128,7 @@ def interleaved_grad(name, layout, items, params):
         groups[tuple(it[0] for it in items[s])].append(s)
     if sum(len(kinds) for kinds in groups) > MAX_GROUP_LINES:
         groups = None
+
     tables, body = [], []
     for gi, (kinds, slots) in enumerate((groups or {}).items()):
         label = f'{name}_g{gi}'
