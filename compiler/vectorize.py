@@ -75,7 +75,8 @@ def vectorize(program):
         schedule = _schedule(g, rep_of, reads)
         breaks = _gradient_order_breaks(g, schedule, rep_of, lifted)
         if breaks is None:
-            return _unchanged(program, not_lifted)
+            return _unchanged(program, not_lifted + _given_up(layers, 'lifting would move scalar ops past '
+                                                              'each other: order of gradient accumulation'))
         if not breaks:
             break
         # lifting these units would change the order in which some slot's
@@ -86,10 +87,11 @@ def vectorize(program):
         layers = [layer for layer in layers if layer.rep not in breaks]
         dropped.update(rep for rep in breaks if isinstance(lifted[rep], Sum))
     else:
-        return _unchanged(program, not_lifted)
+        return _unchanged(program, not_lifted + _given_up(layers, 'order of gradient accumulation'))
     out = _renumber(program, g, schedule, rep_of, lifted, layers)
     if program.prefix_sums and not prefixes_hold(out):
-        return program        # a lifted op would mix positions
+        # a lifted op would mix positions
+        return _unchanged(program, not_lifted + _given_up(layers, "a lifted op would mix a sequence's positions"))
     new = out.slot_map
     out.not_lifted = _not_lifted(not_lifted, layers, lambda s: new[s])
     return out
@@ -116,6 +118,11 @@ def _units(g, folds, layers, dropped):
         lifted[root] = Sum(int(g.out[root]), terms.tolist())
         reads[root], members_of[root] = terms, members
     return lifted, reads, members_of
+
+
+def _given_up(layers, why):
+    """The reasons of layers the pass gave up on as a whole."""
+    return [_Reason(*layer.weights.shape, layer.y_slots, lambda name: why) for layer in layers]
 
 
 def _unchanged(program, not_lifted):
