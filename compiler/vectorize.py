@@ -17,11 +17,12 @@ products from a scalar ``Program``, keeping its results bit for bit.
 
 Exactness: a lifted op performs the same roundings in the same order as the
 ops it replaces, and the pass only lifts where the backward pass's order of
-gradient contributions is unchanged. A layer is lifted only if its heads are
-used once, its weights only by layers of the same matrix, and its inputs
-either need no gradient or are used by this layer alone, with the rows
-reached in the same order for every column. Weights (and parameter heads)
-may have other uses: a regulariser, a weight tied into scalar code. After
+gradient contributions is unchanged. A layer is lifted only if its computed
+heads are used once, every layer using its weights uses them as the same
+matrix, and its inputs either need no gradient or are used by this layer
+alone, with the rows reached in the same order for every column. Weights
+(and parameter heads) may have other uses: a regulariser, a weight tied
+into scalar code (``codegen/shared_grads.py`` orders their gradients). After
 rescheduling, ``_gradient_order_breaks`` checks every slot with more than
 one consumer; the lifted units that would change its order of gradient
 contributions stay scalar, and the rest is scheduled again. What looks like
@@ -412,7 +413,8 @@ def _consistent_weights(layers, program, reasons):
         why = None
         for s in weights:
             if s in where and where[s] != key:
-                why = f'weight {layer.weight_name(s)} (%{s}) is also a weight of another layer, in another place of its matrix'
+                why = (f'weight {layer.weight_name(s)} (%{s}) is also a weight of another layer, '
+                       'in another place of its matrix')
             elif s in others:
                 why = f'weight {layer.weight_name(s)} (%{s}) is also the input or head of another layer'
             if why:
