@@ -455,6 +455,8 @@ def _make_layer(vector, members, rows, g):
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
         return None, 'some rows start from a head (bias), others not'
+    if heads[0] is not None and _repeats(np.array(heads)):
+        return None, 'two rows start from the same head'
     operands = set(vector.tolist()).union(weights.ravel().tolist())
     program = g.program
     for h in heads:

@@ -275,6 +275,28 @@ def test_the_table_driven_loop_for_many_kinds_of_parameters_is_exact_too(monkeyp
 
 
 
+
+def shared_biases(inputs, params):
+    """One matrix and its biases applied to three vectors (a whole batch as
+    one graph, a convolution's positions): the biases are heads shared by
+    the three uses, with no regulariser."""
+    W = [params[r * 3:(r + 1) * 3] for r in range(4)]
+    out = []
+    for i in range(3):
+        out += [y.tanh() for y in layer(inputs[3 * i:3 * i + 3], W, params[12:16])]
+    return sum(v * v for v in out), out
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2])
+def test_biases_shared_by_the_uses_of_a_matrix_get_each_rows_contributions_in_order(cc, threads):
+    params, X = start_params(16, seed=11), samples(9, 70, seed=12)
+    m = assert_matches_interpreter(shared_biases, X[:2].tolist(), params, cc)
+    assert matvecs(m) == [(4, 3)] * 3
+    assert_train_batch_matches_interpreter(shared_biases, X, params, 0.05, cc, steps=2, threads=threads)
+
+
 # -- random graphs: penalties on random weights, anywhere in the order ----------
 
 PENALTIES = {

@@ -39,20 +39,22 @@ MAX_GROUP_LINES = 2000
 def mixed_blocks(program, flags, uses):
     """``{wt0: parameter slots}`` of the weight blocks (with a backward, in
     ``uses``: wt0 -> its ``MatVec`` uses) whose weights or parameter heads
-    scalar code also reads in the loss's cone: the slots are all the block's
-    weights and parameter heads that need a gradient."""
+    scalar code also reads in the loss's cone, or whose parameter heads
+    several uses share (the main kernels add a head's gradient use by use,
+    not row by row): the slots are all the block's weights and parameter
+    heads that need a gradient."""
     if not uses:
         return {}
-    owner = {}
+    owner, mixed = {}, set()
     for wt0, ops in uses.items():
         op = ops[0]
         for s in range(wt0, wt0 + op.rows * op.cols):
             owner[s] = wt0
-        for u in ops:
-            for h in u.heads or ():
-                if program.param_start <= h < program.param_end:
-                    owner[h] = wt0
-    mixed = set()
+        heads = [h for u in ops for h in u.heads or () if program.param_start <= h < program.param_end]
+        for h in heads:
+            owner[h] = wt0
+        if len(set(heads)) < len(heads) and any(flags[h] for h in heads):
+            mixed.add(wt0)
     for op in program.grad_ops:
         if type(op) is MatVec or not flags[op.out]:
             continue
