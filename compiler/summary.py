@@ -55,15 +55,24 @@ def _describe(program, kind, ops):
     return ('scalar', f'{len(ops)} ops: {what}', _params_read(program, ops), _labels(program, outs))
 
 
+NOT_LIFTED_LINES = 3      # per part; a convolution's windows would list every position
+
+
 def not_lifted(program, ops):
     """The lines saying why rows among ``ops`` that look like a layer stay
-    scalar (``Program.not_lifted``, recorded by the vectorizing pass)."""
+    scalar (``Program.not_lifted``, recorded by the vectorizing pass), the
+    first few of them, then how many more."""
     entries = getattr(program, 'not_lifted', ())
     if not entries:
         return []
     writes = {o for op in ops for o in op.writes}
-    return [f'not lifted: {e.cols} -> {e.rows} ({slot_list(list(e.outs))}): {e.reason}'
-            for e in entries if e.outs and e.outs[0] in writes]
+    here = [e for e in entries if e.outs and e.outs[0] in writes]
+    lines = [f'not lifted: {e.cols} -> {e.rows} ({slot_list(list(e.outs))}): {e.reason}'
+             for e in here[:NOT_LIFTED_LINES]]
+    if len(here) > NOT_LIFTED_LINES:
+        lines.append(f'not lifted: {len(here) - NOT_LIFTED_LINES:,} more such groups of rows '
+                     '(m.program.not_lifted lists them all)')
+    return lines
 
 
 def _table(model):
