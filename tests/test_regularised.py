@@ -297,6 +297,24 @@ def test_biases_shared_by_the_uses_of_a_matrix_get_each_rows_contributions_in_or
     assert_train_batch_matches_interpreter(shared_biases, X, params, 0.05, cc, steps=2, threads=threads)
 
 
+
+def test_the_summary_lists_a_few_groups_of_rows_per_part_and_counts_the_rest():
+    # a convolution's windows overlap: every position's rows look like a
+    # layer whose input feeds other windows too
+    import compiler
+    from compiler.summary import not_lifted, parts
+    from compiler.vectorize import vectorize
+    from micrograd.nn import Conv2d, Flatten, ReLU, Sequential
+    model = Sequential(Conv2d(1, 2, 3, seed=0), ReLU(), Conv2d(2, 3, 3, seed=1), Flatten())
+    image = [[[Value(0.0) for _ in range(7)] for _ in range(7)]]
+    loss = sum(o * o for o in model(image))
+    program = vectorize(compiler.trace(loss, [v for row in image[0] for v in row], model.parameters()))
+    assert len(program.not_lifted) > 4
+    lines = [line for _, ops in parts(program) for line in not_lifted(program, ops)]
+    assert any('more such groups of rows' in line for line in lines)
+    assert all(line.startswith('not lifted: ') for line in lines)
+
+
 # -- random graphs: penalties on random weights, anywhere in the order ----------
 
 PENALTIES = {
