@@ -210,6 +210,7 @@ class Program:
         self.labels = labels              # slot -> the user's label of its Value (for printing only)
         self.prefix_sums = prefix_sums    # a sequence's partial loss sums, one per position (see trace)
         self.known_needs_grad = None      # needs_grad's answer, where a pass already knows it
+        self.not_lifted = ()              # NotLifted: what the vectorizing pass left scalar, and why
 
     @property
     def ops(self):
@@ -492,3 +493,14 @@ def _live(program, roots):
             for a in op.reads:
                 live[a] = 1
     return live
+
+
+@dataclass(frozen=True)
+class NotLifted:
+    """Rows that look like a layer (``rows`` dot products over one vector of
+    ``cols`` values, writing ``outs``, slots of the program the pass
+    returned) but stay scalar, and why, in one line (``Program.not_lifted``)."""
+    rows: int
+    cols: int
+    outs: tuple
+    reason: str

@@ -7,7 +7,7 @@ import os
 import re
 from collections import Counter
 
-from compiler.ir import MatVec, Op
+from compiler.ir import MatVec, Op, slot_list
 
 
 def parts(program):
@@ -55,9 +55,31 @@ def _describe(program, kind, ops):
     return ('scalar', f'{len(ops)} ops: {what}', _params_read(program, ops), _labels(program, outs))
 
 
+NOT_LIFTED_LINES = 3      # per part; a convolution's windows would list every position
+
+
+def not_lifted(program, ops):
+    """The lines saying why rows among ``ops`` that look like a layer stay
+    scalar (``Program.not_lifted``, recorded by the vectorizing pass), the
+    first few of them, then how many more."""
+    entries = getattr(program, 'not_lifted', ())
+    if not entries:
+        return []
+    writes = {o for op in ops for o in op.writes}
+    here = [e for e in entries if e.outs and e.outs[0] in writes]
+    lines = [f'not lifted: {e.cols} -> {e.rows} ({slot_list(list(e.outs))}): {e.reason}'
+             for e in here[:NOT_LIFTED_LINES]]
+    if len(here) > NOT_LIFTED_LINES:
+        lines.append(f'not lifted: {len(here) - NOT_LIFTED_LINES:,} more such groups of rows '
+                     '(m.program.not_lifted lists them all)')
+    return lines
+
+
 def _table(model):
     """The summary as ``(head, rows, notes)``: the column names, one row per
-    part (``parts``), and the lines of totals below the table."""
+    part (``parts``), and the lines of totals below the table. A scalar part
+    with rows that look like a layer has a row of its own per such layer,
+    saying why it was not lifted."""
     program = model.program
     rows = []
     seen = set()
@@ -66,6 +88,8 @@ def _table(model):
         new = params - seen
         seen |= params
         rows.append((str(i), what, shape, f'{len(new):,}', labels))
+        if kind == 'scalar':
+            rows += [('', '', line, '', '') for line in not_lifted(program, ops)]
     head = ('#', 'part', 'shape / ops', 'params', 'labels')
     unused = program.n_params - len(seen)
     b = model.build
@@ -97,9 +121,11 @@ def summary(model):
         return _exported(model)
     head, rows, notes = _table(model)
     width = [max(len(r[c]) for r in rows + [head]) for c in range(5)]
-    width[2] = min(width[2], 60)
+    width[2] = min(max((len(r[2]) for r in rows + [head] if r[0]), default=0), 60)
 
     def line(r):
+        if not r[0] and r[2].startswith('not lifted'):      # the whole reason, past the columns
+            return f'{"":>{width[0]}}  {"":<{width[1]}}  {r[2]}'
         shape = r[2] if len(r[2]) <= width[2] else r[2][:width[2] - 3] + '...'
         return (f'{r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {shape:<{width[2]}}  {r[3]:>{width[3]}}  '
                 f'{r[4]}').rstrip()

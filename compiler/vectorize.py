@@ -9,7 +9,7 @@ products from a scalar ``Program``, keeping its results bit for bit.
    vector ``x``), and whose other sides are parameters (the matrix ``W``),
    become one ``MatVec``. A matrix may be applied to several vectors (at
    several positions, time steps): its ``MatVec`` ops then share one block
-   of parameters, as long as every use of its weights is in such an op. Slots are renumbered so that ``x`` and the
+   of parameters; its weights' other uses stay scalar. Slots are renumbered so that ``x`` and the
    outputs ``y`` are contiguous, and parameters are permuted so that each
    ``W`` is one block, column by column (``Program.param_order`` records
    where each parameter went).
@@ -17,12 +17,17 @@ products from a scalar ``Program``, keeping its results bit for bit.
 
 Exactness: a lifted op performs the same roundings in the same order as the
 ops it replaces, and the pass only lifts where the backward pass's order of
-gradient contributions is unchanged. A layer is lifted only if its heads are
-used once, its weights only by layers of the same matrix, and its inputs
-either need no gradient or are used by this layer alone, with the rows
-reached in the same order for every column. After rescheduling, ``_same_gradient_order`` checks every slot with
-more than one consumer; if any order changed, the pass gives up and returns
-the program unchanged.
+gradient contributions is unchanged. A layer is lifted only if its computed
+heads are used once, every layer using its weights uses them as the same
+matrix, and its inputs either need no gradient or are used by this layer
+alone, with the rows reached in the same order for every column. Weights
+(and parameter heads) may have other uses: a regulariser, a weight tied
+into scalar code (``codegen/shared_grads.py`` orders their gradients). After
+rescheduling, ``_gradient_order_breaks`` checks every slot with more than
+one consumer; the lifted units that would change its order of gradient
+contributions stay scalar, and the rest is scheduled again. What looks like
+a layer but stays scalar is listed in ``Program.not_lifted`` with the
+reason.
 
 How: every step reads the program's flat arrays (``ir.ScalarArrays``):
 use counts by ``np.bincount``, ``+`` chains by parent pointers (pointer
@@ -36,7 +41,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import MatVec, Op, OP_CODES, Program, ScalarArrays, Sum, needs_grad, prefixes_hold
+from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, Sum, needs_grad,
+                        prefixes_hold)
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -45,7 +51,9 @@ _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 
 
 def vectorize(program):
-    """``Program -> Program`` with ``Sum`` and ``MatVec`` ops lifted out."""
+    """``Program -> Program`` with ``Sum`` and ``MatVec`` ops lifted out.
+    What looks like a layer but stays scalar is listed, with the reason, in
+    the result's ``not_lifted``."""
     if 'vectorize' in program.passes:
         return program
     arrays = program.scalar_arrays
@@ -56,35 +64,72 @@ def vectorize(program):
     g = _Graph(program, arrays)
     folds = _flatten_sums(g)
     rows = _rows(g, folds)
-    layers = _group_layers(rows, g)
+    layers, not_lifted = _group_layers(rows, g)
+    dropped = set()        # folds whose Sum changed an order of gradient contributions
+    for _ in range(MAX_ORDER_RETRIES):
+        lifted, reads, members_of = _units(g, folds, layers, dropped)
+        if not lifted:
+            return _unchanged(program, not_lifted)
+        rep_of = np.arange(g.cone)
+        for rep, members in members_of.items():
+            rep_of[members] = rep
+        schedule = _schedule(g, rep_of, reads)
+        breaks = _gradient_order_breaks(g, schedule, rep_of, lifted)
+        if breaks is None:
+            return _unchanged(program, not_lifted + _given_up(layers, 'lifting would move scalar ops past '
+                                                              'each other: order of gradient accumulation'))
+        if not breaks:
+            break
+        # lifting these units would change the order in which some slot's
+        # gradient gets its contributions: they stay scalar, and the rest is tried again
+        for layer in layers:
+            if layer.rep in breaks:
+                not_lifted.append(_order_reason(layer, *breaks[layer.rep], g))
+        layers = [layer for layer in layers if layer.rep not in breaks]
+        dropped.update(rep for rep in breaks if isinstance(lifted[rep], Sum))
+    else:
+        return _unchanged(program, not_lifted + _given_up(layers, 'order of gradient accumulation'))
+    out = _renumber(program, g, schedule, rep_of, lifted, layers)
+    if program.prefix_sums and not prefixes_hold(out):
+        # a lifted op would mix positions
+        return _unchanged(program, not_lifted + _given_up(layers, "a lifted op would mix a sequence's positions"))
+    new = out.slot_map
+    out.not_lifted = _not_lifted(not_lifted, layers, lambda s: new[s])
+    return out
 
-    lifted = {}           # op index of a unit's representative -> lifted op (old slots)
-    reads = {}            # the same -> the old slots it reads (numpy)
-    members_of = {}       # the same -> the op indices it absorbs (numpy)
+
+MAX_ORDER_RETRIES = 8     # rounds of dropping the units that change a gradient's order
+
+
+def _units(g, folds, layers, dropped):
+    """The lifted units: ``(lifted, reads, members_of)``, each keyed by the
+    op index of the unit's representative (its last op): the lifted op (a
+    ``_Layer`` or a ``Sum``, in old slots), the old slots it reads, and the
+    op indices it absorbs (numpy)."""
+    lifted, reads, members_of = {}, {}, {}
     for layer in layers:
         # a layer absorbs its rows' '+' chains and their products
-        members = np.concatenate([m for root in layer.roots for m in (folds[root][1], rows[root][3])])
-        rep = int(members.max())
+        members = np.concatenate([m for root in layer.roots for m in (folds[root][1], layer.products[root])])
+        layer.rep = rep = int(members.max())
         lifted[rep], reads[rep], members_of[rep] = layer, layer.reads, members
     in_layer = {root for layer in layers for root in layer.roots}
     for root, (terms, members) in folds.items():
-        if root in in_layer or len(terms) < MIN_SUM_TERMS:
+        if root in in_layer or root in dropped or len(terms) < MIN_SUM_TERMS:
             continue
         lifted[root] = Sum(int(g.out[root]), terms.tolist())
         reads[root], members_of[root] = terms, members
-    if not lifted:
-        return program
+    return lifted, reads, members_of
 
-    rep_of = np.arange(g.cone)
-    for rep, members in members_of.items():
-        rep_of[members] = rep
-    schedule = _schedule(g, rep_of, reads)
-    if not _same_gradient_order(g, schedule, rep_of):
-        return program
-    out = _renumber(program, g, schedule, rep_of, lifted, layers)
-    if program.prefix_sums and not prefixes_hold(out):
-        return program        # a lifted op would mix positions
-    return out
+
+def _given_up(layers, why):
+    """The reasons of layers the pass gave up on as a whole."""
+    return [_Reason(*layer.weights.shape, layer.y_slots, lambda name: why) for layer in layers]
+
+
+def _unchanged(program, not_lifted):
+    """``program`` itself, nothing lifted, with what was not lifted and why."""
+    program.not_lifted = _not_lifted(not_lifted, [], lambda s: s)
+    return program
 
 
 class _Graph:
@@ -187,8 +232,18 @@ def _rows(g, folds):
     row_product = is_product.copy()
     row_product[starts[swap]], row_product[starts[swap] + 1] = False, True
     head = ~row_product[starts]
+    # a row whose first product reads a parameter (a neuron) ends at the
+    # first product that reads none (say ``alpha * penalty`` added to its output)
+    program = g.program
+    j = g.producer[row_terms]            # (-1 where not a product: masked)
+
+    def is_param(slots):
+        return (slots >= program.param_start) & (slots < program.param_end)
+    reads_param = row_product & (is_param(g.a[j]) | is_param(g.b[j]))
+    first = np.minimum(starts + head, starts + lengths - 1)
+    neuron = np.repeat(reads_param[first], lengths)
     position = np.arange(len(flat))
-    stop = np.where(row_product, len(flat), position)
+    stop = np.where(row_product & (reads_param | ~neuron), len(flat), position)
     stop[starts[head]] = len(flat)                # the head does not end the products
     first_other = np.minimum(np.minimum.reduceat(stop, starts), starts + lengths)
     n_products = first_other - starts - head
@@ -214,9 +269,11 @@ class _Layer:
     becomes a ``MatVec`` when renumbered, which makes ``x`` and ``y``
     contiguous and lays ``W`` out column by column."""
 
-    def __init__(self, roots, vector, weights, heads, y_slots, bwd_rows, grad_x, leaves):
+    def __init__(self, roots, vector, weights, heads, y_slots, bwd_rows, grad_x, leaves, products):
         self.roots, self.vector, self.weights, self.heads = roots, vector, weights, heads
         self.y_slots, self.bwd_rows, self.grad_x = y_slots, bwd_rows, grad_x
+        self.products = products          # root -> the op indices of its row's products
+        self.rep = None                   # the op index of its last op (_units)
         self.x_slots = vector if vector[0] >= leaves else None   # computed: to renumber
         self.reads = np.concatenate([weights.ravel(), vector,
                                      np.array([h for h in heads if h is not None], dtype=np.int64)])
@@ -234,11 +291,59 @@ class _Layer:
         return MatVec(y0=int(new[self.y_slots[0]]), rows=R, cols=C, wt0=wt0, x0=int(new[self.vector[0]]),
                       heads=heads, bwd_rows=self.bwd_rows, grad_x=self.grad_x)
 
+    def weight_name(self, slot):
+        """``W[n][k]``: where ``slot`` is in this layer's matrix."""
+        n, k = np.argwhere(self.weights == slot)[0]
+        return f'W[{n}][{k}]'
+
+
+class _Reason:
+    """Why rows that look like a layer stay scalar: ``text(name)`` is the
+    line, given ``name(slot)``, a slot of the returned program (or None)."""
+
+    def __init__(self, rows, cols, outs, text):
+        self.rows, self.cols, self.outs, self.text = rows, cols, outs, text
+
+
+def _not_lifted(reasons, layers, new):
+    """``NotLifted`` of each candidate none of whose rows a layer took, once
+    per set of rows (the first reason found), in the returned numbering."""
+    taken = {int(s) for layer in layers for s in layer.y_slots}
+    out, seen = [], set()
+
+    def name(s):
+        t = new(int(s))
+        return '?' if t is None or t < 0 else f'%{t}'
+    for r in reasons:
+        key = tuple(int(s) for s in r.outs)
+        if key in seen or taken.intersection(key):
+            continue
+        seen.add(key)
+        outs = tuple(t for t in (new(s) for s in key) if t is not None and t >= 0)
+        out.append(NotLifted(rows=r.rows, cols=r.cols, outs=outs, reason=r.text(name)))
+    return tuple(out)
+
+
+def _order_reason(layer, slot, other, g):
+    """The reason a layer stays scalar: lifting it would move the gradient
+    contribution of ``slot`` past that of op ``other``."""
+    R, C = layer.weights.shape
+    if np.any(layer.weights == slot):
+        what = f'weight {layer.weight_name(slot)}'
+    elif np.any(layer.vector == slot):
+        what = f'input x[{int(np.flatnonzero(layer.vector == slot)[0])}]'
+    else:
+        what = 'head'
+    at = int(g.out[other])
+    return _Reason(R, C, layer.y_slots, lambda name: f'{what} ({name(slot)}) is also used at {name(at)}: '
+                   'order of gradient accumulation')
+
 
 def _group_layers(rows, g):
-    """Group rows sharing their vector operand into ``MatVec`` layers."""
+    """Group rows sharing their vector operand into ``MatVec`` layers;
+    ``(layers, reasons)``, the reasons (``_Reason``) for groups left scalar."""
     if not rows:
-        return []
+        return [], []
     program = g.program
     roots = list(rows)
     lengths = np.array([len(rows[r][1]) for r in roots])
@@ -265,75 +370,123 @@ def _group_layers(rows, g):
             vectors[key] = vector
             candidates[key].append((root, weights))
 
-    layers, taken, blocks = [], set(), {}
+    layers, taken, blocks, reasons = [], set(), {}, []
     for key, members in sorted(candidates.items(), key=lambda kv: -len(kv[1])):
         members = [(root, w) for root, w in members if root not in taken]
         if not members:
             continue
-        layer = _make_layer(vectors[key], members, rows, g)
-        if layer is None or not _claim_blocks(blocks, layer):
+        layer, why = _make_layer(vectors[key], members, rows, g)
+        outs = g.out[sorted(root for root, _ in members)]
+        if layer is not None and not _claim_blocks(blocks, layer):
+            layer, why = None, "its outputs or computed inputs overlap another layer's"
+        if layer is None:
+            if why is not None:
+                reasons.append(_Reason(len(members), len(vectors[key]), outs, lambda name, why=why: why))
             continue
         taken.update(layer.roots)
         layers.append(layer)
-    return _consistent_weights(layers, g.uses)
+    layers = _consistent_weights(layers, program, reasons)
+    return layers, reasons
 
 
-def _consistent_weights(layers, uses):
-    """The layers whose weights are used by lifted layers alone, each weight
-    matrix the same wherever it is used (a matrix applied at several
-    positions): its uses then share one block of parameters, laid out once.
-    Layers that break this are dropped until none does."""
-    while layers:
-        slots = np.concatenate([layer.weights.ravel() for layer in layers])
-        which = np.repeat(np.arange(len(layers)), [layer.weights.size for layer in layers])
-        keys = {}
-        matrix = np.repeat([keys.setdefault(layer.weights.tobytes() + str(layer.weights.shape).encode(), len(keys))
-                            for layer in layers], [layer.weights.size for layer in layers])
-        count = np.bincount(slots, minlength=len(uses))
-        bad = count[slots] != uses[slots]
-        # a slot's matrix is the first layer's using it; a later one with another is bad
-        order = np.lexsort((which, slots))
-        first = np.r_[True, slots[order][1:] != slots[order][:-1]]
-        group = np.cumsum(first) - 1
-        bad[order] |= matrix[order] != matrix[order][first][group]
-        bad_layers = set(which[bad].tolist())
-        if not bad_layers:
-            return layers
-        layers = [layer for i, layer in enumerate(layers) if i not in bad_layers]
-    return layers
+def _consistent_weights(layers, program, reasons):
+    """The layers whose weights are each the same matrix wherever a layer
+    uses them (a matrix applied at several positions: its uses then share
+    one block of parameters, laid out once), and are no layer's input or
+    parameter head. Weights may have other uses (a regulariser, a tied
+    weight read by scalar code): the order check decides whether their
+    gradient contributions keep their order. Layers are taken in order (the
+    most rows first) while they agree with those taken; the others stay
+    scalar, with a ``_Reason``."""
+    where = {}          # weight slot -> the matrix key of the layers taken
+    others = set()      # the inputs and parameter heads of the layers taken
+    head_matrix = {}    # parameter head -> the matrix key of the layers taken
+    kept, taken = [], set()
+
+    def is_param(s):
+        return program.param_start <= s < program.param_end
+    for layer in layers:
+        key = layer.weights.tobytes() + str(layer.weights.shape).encode()
+        # (a matrix taken before, at another position: the same slots, checked then)
+        weights = [] if key in taken else layer.weights.ravel().tolist()
+        heads = [h for h in layer.heads if h is not None and is_param(h)]
+        why = None
+        for s in weights:
+            if s in where and where[s] != key:
+                why = (f'weight {layer.weight_name(s)} (%{s}) is also a weight of another layer, '
+                       'in another place of its matrix')
+            elif s in others:
+                why = f'weight {layer.weight_name(s)} (%{s}) is also the input or head of another layer'
+            if why:
+                break
+        for what, slots in (('input', layer.vector.tolist()), ('head', heads)):
+            hit = [s for s in slots if s in where]
+            if why is None and hit:
+                why = f'{what} %{hit[0]} is also a weight of another layer'
+        for h in heads:
+            if why is None and head_matrix.get(h, key) != key:
+                why = f'head %{h} is also the head of a layer of another matrix'
+        if why is not None:
+            R, C = layer.weights.shape
+            reasons.append(_Reason(R, C, layer.y_slots, lambda name, why=why: why))
+            continue
+        kept.append(layer)
+        taken.add(key)
+        for s in weights:
+            where[s] = key
+        others.update(layer.vector.tolist())
+        others.update(heads)
+        for h in heads:
+            head_matrix[h] = key
+    return kept
 
 
 def _make_layer(vector, members, rows, g):
+    """``(layer, None)``, or ``(None, reason)`` (None: not a layer at all)."""
     members.sort(key=lambda m: m[1][0])        # rows in the weights' order
     R, C = len(members), len(vector)
-    if _repeats(vector):
-        return None
     weights = np.stack([w for _, w in members])
+    if np.isin(vector, weights).any():
+        return None, None       # x * x (a sum of squares): not a layer
+    if _repeats(vector):
+        return None, 'an input appears twice in x'
     if _repeats(weights.ravel()):   # each weight in one row, once (it may be
-        return None                               # shared with other layers: _consistent_weights)
+        return None, 'a weight appears twice in W'   # shared with other layers: _consistent_weights)
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
-        return None
+        return None, 'some rows start from a head (bias), others not'
+    if heads[0] is not None and _repeats(np.array(heads)):
+        return None, 'two rows start from the same head'
     operands = set(vector.tolist()).union(weights.ravel().tolist())
+    program = g.program
     for h in heads:
-        if h is not None and (g.flags[h] and g.uses[h] != 1 or h in operands):
-            return None
+        if h is None:
+            continue
+        if h in operands:
+            return None, f'head %{h} is also a weight or an input'
+        # a parameter head's other uses are ordered like a weight's (the
+        # order check); a computed head's gradient is added by the row
+        if g.flags[h] and g.uses[h] != 1 and not program.param_start <= h < program.param_end:
+            return None, f'head %{h} (a computed value) has other uses'
     x_needs_grad = bool(g.needs[vector].any())
     if x_needs_grad and np.any(g.uses[vector] != R):
-        return None       # x feeds something else: its gradient order could change
+        k = int(np.flatnonzero(g.uses[vector] != R)[0])
+        return None, (f'input x[{k}] (%{int(vector[k])}) is also used elsewhere and needs a gradient: '
+                      'order of gradient accumulation')
     # the order in which backward reaches the rows: latest product first, and
     # the same order for every column
     position = np.stack([rows[root][3] for root, _ in members])
     bwd_rows = sorted(range(R), key=lambda r: -position[r][0])
     if x_needs_grad and not np.all(position[bwd_rows][:-1] >= position[bwd_rows][1:]):
-        return None
+        return None, 'backward reaches the rows in another order for some column (order of x\'s gradient)'
     leaves = g.leaves
     if not (vector.max() < leaves and np.array_equal(vector, np.arange(vector[0], vector[0] + C))
             or vector.min() >= leaves):
-        return None       # x must be contiguous leaves, or computed slots we can renumber
+        return None, 'x is neither consecutive leaves nor computed values'
     roots = [root for root, _ in members]
     y_slots = g.out[roots]
-    return _Layer(roots, vector, weights, heads, y_slots, bwd_rows, x_needs_grad, leaves)
+    return _Layer(roots, vector, weights, heads, y_slots, bwd_rows, x_needs_grad, leaves,
+                  {root: rows[root][3] for root in roots}), None
 
 
 def _repeats(slots):
@@ -423,9 +576,12 @@ def _latest_read(g, rep_of, ops):
     return np.maximum(unit[g.producer[g.a[ops]]], unit[g.producer[g.b[ops]]])
 
 
-def _same_gradient_order(g, schedule, rep_of):
-    """Every slot with several consumers gets its gradient contributions in
-    the original order (a lifted unit counts as one consumer)."""
+def _gradient_order_breaks(g, schedule, rep_of, lifted):
+    """Where a slot with several consumers would get its gradient
+    contributions in another order than the original (a lifted unit counts
+    as one consumer): ``{lifted unit: (slot, the op index of the unit of
+    another reader)}``, empty when every order holds; None when two scalar
+    ops would swap (a unit they wait for is not known)."""
     cone = g.cone
     position = np.empty(cone, dtype=np.int64)
     position[schedule] = np.arange(len(schedule))
@@ -445,9 +601,17 @@ def _same_gradient_order(g, schedule, rep_of):
         keep &= reached[slots]
     slots, reader = slots[keep], reader[keep]
     order = np.argsort(slots * cone + reader)   # each slot's readers in the original order
-    slots, pos = slots[order], new_pos[reader[order]]
-    same = slots[1:] == slots[:-1]
-    return not np.any(same & (pos[1:] < pos[:-1]))
+    slots, reader = slots[order], reader[order]
+    pos = new_pos[reader]
+    breaks = {}
+    for i in np.flatnonzero((slots[1:] == slots[:-1]) & (pos[1:] < pos[:-1])).tolist():
+        first, second = int(rep_of[reader[i]]), int(rep_of[reader[i + 1]])
+        if first not in lifted and second not in lifted:
+            return None       # two scalar ops swapped (one waited for a lifted unit): give up
+        for unit, other in ((first, second), (second, first)):
+            if unit in lifted:
+                breaks.setdefault(unit, (int(slots[i]), other))
+    return breaks
 
 
 # -- 5. renumber -------------------------------------------------------------------

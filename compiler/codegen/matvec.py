@@ -6,8 +6,13 @@ Several ``MatVec`` ops may share one ``W`` (a matrix applied at several
 positions): its gradient is one reduction over the rows of a block and,
 within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
+
+A block whose weights (or parameter heads) scalar code also reads (a
+regulariser, a tied weight) gets its gradient from ``shared_grads.py``
+instead: each row's contributions in that row's backward order.
 """
 from compiler.codegen.layout import PANEL, round_up
+from compiler.codegen.shared_grads import contributions, direct_grads, interleaved_grad, mixed_blocks
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
 
@@ -41,6 +46,9 @@ class MatVecRenderer:
             if id(op) in self.has_backward:
                 self.uses.setdefault(op.wt0, []).append(op)
         self.block_rows = block_rows
+        # weight blocks whose parameters scalar code reads too: {wt0: their parameter slots}
+        self.mixed = mixed_blocks(program, flags, self.uses)
+        self.mixed_params = {s for slots in self.mixed.values() for s in slots}
 
     def _p(self, slot):
         return self.layout.shared_index(slot)
@@ -107,7 +115,12 @@ class MatVecRenderer:
             if id(op) in self.has_backward:
                 out.append(self._backward(op))
         for wt0, uses in self.uses.items():
-            out.append(self._weight_grad(wt0, uses))
+            if wt0 not in self.mixed:
+                out.append(self._weight_grad(wt0, uses))
+            elif self.layout.recorded:
+                params = self.mixed[wt0]
+                items = contributions(self.program, self.layout, self.flags, params, uses)
+                out.append(interleaved_grad(self.name[id(uses[0])], self.layout, items, params))
         return out
 
     def _forward(self, op):
@@ -141,6 +154,8 @@ class MatVecRenderer:
                       '        double *restrict g = ROW(b->g, r);',
                       *[f'        {self.layout.grad[h]} += g[{y + n}];' for n, h in row_heads],
                       '    }']
+        if op.wt0 in self.mixed and not self.layout.recorded:
+            lines += direct_grads(self.layout, self.flags, op)
         if op.grad_x:
             guard = '    if (b->input_grads)\n    ' if op.x0 < self.program.n_inputs else ''
             lines.append(f'{guard}    b->k->bgx(b->aux + {a.bgx}, {name}_order, {op.rows}, {op.cols}, '
@@ -209,7 +224,7 @@ class MatVecRenderer:
 
     def weight_grad_calls(self):
         return [f'{self.name[id(uses[0])]}_weight_grad(b, rows, part, parts, scratch);'
-                for uses in self.uses.values()]
+                for wt0, uses in self.uses.items() if wt0 not in self.mixed or self.layout.recorded]
 
     def scratch_bytes(self):
         """Bytes of scratch each thread needs (the kernels' and the row pointers):

@@ -295,7 +295,7 @@ class _Program:
         lay = self.layout
         out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
         out += ['    ' + call for call in self.matvecs.weight_grad_calls()]
-        uses = lay.param_uses
+        uses = {s: u for s, u in lay.param_uses.items() if s not in self.matvecs.mixed_params}
         if uses:
             params = list(uses)
             starts, flat = [0], []
