@@ -471,3 +471,56 @@ def _live(program, roots):
             for a in op.reads:
                 live[a] = 1
     return live
+
+
+@dataclass(eq=False)
+class Loop:
+    """``n`` iterations of ``body`` (``Op`` and ``Sum`` ops): iteration ``i``
+    runs every op of ``body`` in order with each of its slots ``s`` moved to
+    ``s + i * step``; ``steps[j]`` holds one step per slot of ``body[j]``, its
+    output's first, then its operands' (``args`` or ``terms``). It stands for
+    exactly the ``n * len(body)`` ops it replaces, in their order: forward
+    runs the iterations first to last, backward last to first (each
+    iteration's ops in reverse), so every rounding and every gradient
+    contribution comes in the interpreter's order. (The lifting pass is
+    ``compiler/loops.py``.)"""
+    n: int
+    body: tuple
+    steps: tuple
+
+    def ops(self):
+        """The ops it stands for, in order."""
+        out = []
+        for i in range(self.n):
+            for op, step in zip(self.body, self.steps):
+                s = [slot + i * d for slot, d in zip(loop_slots(op), step)]
+                out.append(Op(op.name, s[0], tuple(s[1:]), op.k) if type(op) is Op else Sum(s[0], s[1:]))
+        return out
+
+    def _all(self, first, last):
+        return [slot + i * step[j] for i in range(self.n) for op, step in zip(self.body, self.steps)
+                for j, slot in enumerate(loop_slots(op)) if first <= j < last]
+
+    @property
+    def reads(self):
+        return self._all(1, 1 << 30)
+
+    @property
+    def writes(self):
+        return self._all(0, 1)
+
+    def __str__(self):
+        def slot(s, d):
+            return f'%{s}' if not d else f'%{s}{"+" if d > 0 else "-"}{abs(d) if abs(d) != 1 else ""}i'
+        lines = [f'loop i < {self.n}:']
+        for op, step in zip(self.body, self.steps):
+            s = [slot(a, d) for a, d in zip(loop_slots(op), step)]
+            name = op.name if type(op) is Op else 'sum'
+            k = f', {op.k!r}' if type(op) is Op and op.k is not None else ''
+            lines.append(f'      {s[0]} = {name}({", ".join(s[1:])}{k})')
+        return '\n'.join(lines)
+
+
+def loop_slots(op):
+    """The slots of a ``Loop``'s body op: its output, then its operands."""
+    return (op.out, *(op.args if type(op) is Op else op.terms))

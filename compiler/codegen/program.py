@@ -6,13 +6,13 @@ import math
 
 import numpy as np
 
-from compiler.codegen import sums, table
+from compiler.codegen import loops, table
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatVec, Op, Sum, needs_grad, prefix_cuts
+from compiler.ir import Loop, MatVec, Op, Sum, needs_grad, prefix_cuts
 
 
 class _Functions:
@@ -134,19 +134,7 @@ class _Program:
         steps, run = [], []
 
         def flush():
-            if not run:
-                return
-            if direction == 'forward':
-                lines = self.scalar.forward_lines(run, lambda op: sums.forward(op, self.scalar))
-                name = self.functions.define('forward', FORWARD_PARAMS, lines)
-                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
-            else:
-                lines = self.scalar.backward_lines(
-                    run, self.flags, lambda op: sums.backward(op, self.scalar, self.flags))
-                if lines:
-                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
-                    steps.append(f'for (int r = r0; r < r1; r++) '
-                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            steps.extend(self._scalar_steps(run, direction == 'forward'))
             run.clear()
 
         for i, op in indexed_ops:
@@ -156,6 +144,25 @@ class _Program:
             else:
                 run.append(op)
         flush()
+        return steps
+
+    def _scalar_steps(self, run, forward):
+        """Calls of per-row functions running ``run`` (scalar ops, ``Sum`` and
+        ``Loop`` ops, in the order to run) in one direction; a function holds
+        at most ``loops.LOOPS_PER_FUNCTION`` loops (clang's loop passes slow
+        down with the loops of one function)."""
+        steps = []
+        for part in loops.function_runs(run):
+            if forward:
+                lines = loops.forward_lines(part, self.scalar)
+                name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+            else:
+                lines = loops.backward_lines(part, self.scalar, self.flags)
+                if lines:
+                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) '
+                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
         return steps
 
     def _matvec_step(self, op, forward):
@@ -186,19 +193,7 @@ class _Program:
         steps, sums_run = [], []
 
         def flush_sums():
-            if not sums_run:
-                return
-            if forward:
-                lines = [line for op in sums_run for line in sums.forward(op, self.scalar)]
-                name = self.functions.define('forward', FORWARD_PARAMS, lines)
-                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
-            else:
-                lines = [line for op in sums_run if self.flags[op.out]
-                         for line in sums.backward(op, self.scalar, self.flags)]
-                if lines:
-                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
-                    steps.append(f'for (int r = r0; r < r1; r++) '
-                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            steps.extend(self._scalar_steps(sums_run, forward))
             sums_run.clear()
         for seg in segments:
             if type(seg) is tuple:
@@ -311,8 +306,8 @@ class _Program:
         out += ['    ' + s for s in backward]
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
-        work = sum(6 * op.rows * op.cols if type(op) is MatVec else
-                   3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
+        work = sum(6 * op.rows * op.cols if type(op) is MatVec else 3 * op.n * len(op.body) if type(op) is Loop
+                   else 3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),

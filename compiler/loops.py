@@ -1,0 +1,233 @@
+"""The loop pass: re-roll periodic stretches of a program into ``Loop`` ops,
+keeping its results bit for bit.
+
+A stretch of consecutive ops is periodic when it is ``n`` repetitions of a
+body of ``p`` ops (scalar ops and short ``Sum`` folds) in which each op is
+the same op as the one ``p`` before it (name, exponent, operand count) and
+every slot moves by the same step from one repetition to the next: an
+elementwise run (``p = 1``: residual adds, ``exp`` over a softmax's logits,
+rmsnorm's scaling), a chain (``max`` over logits: each op reads the one
+before), or a pattern of several ops (attention's ``q . k`` products, their
+fold, the scaling and the running max, once per earlier position; the
+weighted sums over ``v``, once per head dimension).
+
+Exactness: a ``Loop`` runs exactly the ops it replaces in exactly their
+order (forward first to last, backward last to first), so no rounding and
+no gradient contribution moves: there is nothing to reschedule, and the
+order of every slot's gradient contributions is the interpreter's by
+construction (``vectorize._same_gradient_order`` is not needed). A stretch
+is lifted only where the C can be uniform over its iterations: each body
+slot needs a gradient in every iteration or in none, and is of one kind
+throughout (an input, a constant or a computed value). Ops reading a
+parameter stay scalar (their gradient contributions may be recorded per
+row, ``codegen/layout.py``); so do the ops writing the loss or a
+sequence's partial sums (``prefix_cuts`` finds those by their op), and no
+stretch crosses from the loss's cone into the outputs-only ops. Equal
+constants are one constant here: a body may read the first slot holding the
+same double where the op read another.
+
+How: the ops as arrays (one row of slots per op), and for every period
+``p`` up to ``MAX_PERIOD`` numpy finds, at every start, how far the
+repetition goes (an op equal to the one ``p`` before, a step equal to the
+one ``p`` before); then one greedy scan in op order takes at each op the
+period covering the most ops.
+"""
+import struct
+
+import numpy as np
+
+from compiler.ir import OP_CODES, OP_NAMES, Loop, MatVec, Op, Program, ScalarArrays, Sum, needs_grad
+
+MAX_PERIOD = 32         # ops per body at most
+MAX_TERMS = 32          # terms of a Sum a body may hold
+MIN_ITERATIONS = 3      # fewer repetitions stay as they are
+MIN_OPS = 6             # and so do shorter stretches
+
+_SUM = len(OP_NAMES)    # the kind of a Sum of the array form (after the scalar ops' codes)
+_INPUT, _PARAM, _CONST, _COMPUTED, _NONE = range(5)
+
+
+def lift_loops(program):
+    """``Program -> Program`` with periodic stretches of ops as ``Loop`` ops."""
+    if 'loops' in program.passes:
+        return program
+    units = _Units(program)
+    if units.n < MIN_OPS:
+        return program
+    loops = _find_loops(units)
+    if not loops:
+        return program
+    return _rebuild(program, units, loops)
+
+
+class _Units:
+    """The program's ops as arrays: ``kind`` (an op code, ``_SUM``, or -1:
+    never in a loop), ``slots`` (the output, then the operands; unused
+    columns 0, constants as the first slot of their value) and ``sig`` (ops
+    that may repeat each other have the same; -1: none)."""
+
+    def __init__(self, program):
+        self.program = program
+        if program.arrays is not None:
+            arrays, lifted = program.arrays, list(program.lifted)
+        else:
+            ops = program.ops
+            arrays = ScalarArrays.from_ops([op for op in ops if type(op) is Op])
+            lifted = [(i, op) for i, op in enumerate(ops) if type(op) is not Op]
+        self.arrays, self.lifted = arrays, lifted
+        n_scalar = len(arrays.code)
+        self.n = n = n_scalar + len(lifted)
+        at_lifted = np.array([i for i, _ in lifted], dtype=np.int64)
+        is_scalar = np.ones(n, dtype=bool)
+        is_scalar[at_lifted] = False
+        self.scalar_at = np.flatnonzero(is_scalar)       # position of each scalar op
+        sums = [(i, op) for i, op in lifted if type(op) is Sum and len(op.terms) <= MAX_TERMS]
+        width = 1 + max([2] + [len(op.terms) for _, op in sums])
+        slots = np.zeros((n, width), dtype=np.int64)
+        used = np.zeros((n, width), dtype=bool)
+        kind = np.full(n, -1, dtype=np.int64)
+        # the scalar ops
+        binary = arrays.b >= 0
+        kind[self.scalar_at] = arrays.code
+        slots[self.scalar_at, 0] = arrays.out
+        slots[self.scalar_at, 1] = arrays.a
+        slots[self.scalar_at, 2] = np.where(binary, arrays.b, 0)
+        used[self.scalar_at, :2] = True
+        used[self.scalar_at, 2] = binary
+        exponent = np.zeros(n, dtype=np.int64)          # which exponent of '**' (0: none)
+        if arrays.k:
+            ids = {}
+            which = np.array(sorted(arrays.k), dtype=np.int64)
+            exponent[self.scalar_at[which]] = [1 + ids.setdefault(arrays.k[i].hex(), len(ids))
+                                               for i in which.tolist()]
+        # the short Sums
+        for i, op in sums:
+            kind[i] = _SUM
+            slots[i, 0] = op.out
+            slots[i, 1:1 + len(op.terms)] = op.terms
+            used[i, :1 + len(op.terms)] = True
+        # what each slot is, and whether it needs a gradient
+        leaves, p0, p1 = program.n_leaves, program.param_start, program.param_end
+        cls = np.where(slots < program.n_inputs, _INPUT, np.where(slots < p1, _PARAM,
+                       np.where(slots < leaves, _CONST, _COMPUTED)))
+        cls[~used] = _NONE
+        needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
+        flag = np.where(used, needs[slots], 0)
+        slots = np.where(cls == _CONST, _first_of_value(program)[np.where(cls == _CONST, slots - p0, 0)], slots)
+        slots[~used] = 0
+        # never in a loop: a parameter read, the loss and the partial sums
+        kind[np.any(cls == _PARAM, axis=1)] = -1
+        ends = np.array([program.loss, *program.prefix_sums], dtype=np.int64)
+        kind[np.isin(slots[:, 0], ends) & (kind >= 0)] = -1
+        cone = np.arange(n) < program.n_grad_ops
+        features = np.column_stack([kind, exponent, cone, cls * 2 + flag])
+        _, sig = np.unique(features, axis=0, return_inverse=True)
+        self.sig = np.where(kind >= 0, sig.reshape(-1), -1)
+        self.kind, self.slots, self.used = kind, slots, used
+
+    def op(self, i, at):
+        """Unit ``i`` as an ``Op`` or ``Sum`` over the slots ``at`` (a row of ``slots``)."""
+        if self.kind[i] == _SUM:
+            n_terms = int(self.used[i].sum()) - 1
+            return Sum(int(at[0]), [int(t) for t in at[1:1 + n_terms]])
+        j = int(np.searchsorted(self.scalar_at, i))
+        arrays = self.arrays
+        args = (int(at[1]), int(at[2])) if arrays.b[j] >= 0 else (int(at[1]),)
+        return Op(OP_NAMES[arrays.code[j]], int(at[0]), args, arrays.k.get(j))
+
+    def width(self, i):
+        return int(self.used[i].sum())
+
+
+def _first_of_value(program):
+    """For each constant (slot - param_start; parameters map to themselves),
+    the first constant slot holding the same double (the same bits)."""
+    p0, p1 = program.param_start, program.param_end
+    first = {}
+    out = np.arange(p0, program.n_leaves, dtype=np.int64)
+    for s, v in program.constants.items():
+        out[s - p0] = first.setdefault(struct.pack('<d', v), s)
+    assert p1 - p0 == program.n_params
+    return out
+
+
+def _next_false(mask):
+    """``out[j]``: the first index ``>= j`` where ``mask`` is false (``len(mask)``
+    if none), with ``out[len(mask)] = len(mask)``."""
+    n = len(mask)
+    at = np.where(mask, n, np.arange(n))
+    return np.r_[np.minimum.accumulate(at[::-1])[::-1], n]
+
+
+def _find_loops(units):
+    """``[(start, period, iterations)]``: the stretches to lift, in order."""
+    n, sig, slots = units.n, units.sig, units.slots
+    starts = np.arange(n)
+    loopable_to = _next_false(sig >= 0)
+    best = np.zeros(n, dtype=np.int64)
+    best_p = np.zeros(n, dtype=np.int64)
+    for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
+        same = np.zeros(n, dtype=bool)
+        same[p:] = (sig[p:] == sig[:-p]) & (sig[p:] >= 0)
+        step = slots[p:] - slots[:-p]
+        same_step = np.zeros(n, dtype=bool)
+        same_step[2 * p:] = np.all(step[p:] == step[:-p], axis=1)
+        end = np.minimum(_next_false(same)[np.minimum(starts + p, n)],
+                         _next_false(same_step)[np.minimum(starts + 2 * p, n)])
+        iterations = (end - starts) // p
+        cover = np.where((iterations >= MIN_ITERATIONS) & (loopable_to[:n] >= starts + p), iterations * p, 0)
+        better = cover > best
+        best[better], best_p[better] = cover[better], p
+    loops, at = [], 0
+    for s in np.flatnonzero(best >= MIN_OPS).tolist():
+        if s < at:
+            continue
+        p = int(best_p[s])
+        loops.append((s, p, int(best[s]) // p))
+        at = s + int(best[s])
+    return loops
+
+
+def _rebuild(program, units, loops):
+    """The program with each stretch replaced by its ``Loop``."""
+    n = units.n
+    inside = np.zeros(n + 1, dtype=np.int64)
+    for s, p, k in loops:
+        inside[s] += 1
+        inside[s + p * k] -= 1
+    absorbed = np.cumsum(inside[:n]) > 0
+    loop_at = {s: (p, k) for s, p, k in loops}
+    lifted_at = dict(units.lifted)
+    keep = ~absorbed
+    keep[[s for s, _, _ in loops]] = True       # each loop takes its first op's place
+    new_position = np.cumsum(keep) - 1
+    # scalar ops that stay
+    arrays = units.arrays
+    stays = ~absorbed[units.scalar_at]
+    where = np.flatnonzero(stays)
+    k_new = {}
+    if arrays.k:
+        index = np.full(len(arrays.code), -1, dtype=np.int64)
+        index[where] = np.arange(len(where))
+        k_new = {int(index[i]): v for i, v in arrays.k.items() if index[i] >= 0}
+    scalar = ScalarArrays(code=arrays.code[where], out=arrays.out[where], a=arrays.a[where],
+                          b=arrays.b[where], k=k_new)
+    lifted = []
+    for i in np.flatnonzero(keep & ~np.isin(np.arange(n), units.scalar_at[where])).tolist():
+        if i in loop_at:
+            p, k = loop_at[i]
+            body = tuple(units.op(j, units.slots[j]) for j in range(i, i + p))
+            steps = tuple(tuple((units.slots[j + p] - units.slots[j])[:units.width(j)].tolist())
+                          for j in range(i, i + p))
+            op = Loop(k, body, steps)
+        else:
+            op = lifted_at[i]
+        lifted.append((int(new_position[i]), op))
+    n_grad_ops = int(keep[:program.n_grad_ops].sum())
+    out = Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+                  constants=program.constants, arrays=scalar, lifted=tuple(lifted), n_grad_ops=n_grad_ops,
+                  loss=program.loss, outputs=program.outputs, passes=program.passes + ('loops',),
+                  slot_map=program.slot_map, param_order=program.param_order, graph_hash=program.graph_hash,
+                  input_grads=program.input_grads, labels=program.labels, prefix_sums=program.prefix_sums)
+    out.known_needs_grad = bytes(needs_grad(program))
+    return out
