@@ -493,8 +493,7 @@ class Loop:
         out = []
         for i in range(self.n):
             for op, step in zip(self.body, self.steps):
-                s = [slot + i * d for slot, d in zip(loop_slots(op), step)]
-                out.append(Op(op.name, s[0], tuple(s[1:]), op.k) if type(op) is Op else Sum(s[0], s[1:]))
+                out.append(with_slots(op, [slot + i * d for slot, d in zip(loop_slots(op), step)]))
         return out
 
     def _all(self, first, last):
@@ -515,12 +514,56 @@ class Loop:
         lines = [f'loop i < {self.n}:']
         for op, step in zip(self.body, self.steps):
             s = [slot(a, d) for a, d in zip(loop_slots(op), step)]
-            name = op.name if type(op) is Op else 'sum'
+            name = op.name if type(op) is Op else type(op).__name__.lower()
             k = f', {op.k!r}' if type(op) is Op and op.k is not None else ''
             lines.append(f'      {s[0]} = {name}({", ".join(s[1:])}{k})')
         return '\n'.join(lines)
 
 
 def loop_slots(op):
-    """The slots of a ``Loop``'s body op: its output, then its operands."""
-    return (op.out, *(op.args if type(op) is Op else op.terms))
+    """The slots of a ``Loop``'s body op: its output, then its operands
+    (a ``Dot``'s head, if any, then ``a``, then ``b``)."""
+    if type(op) is Op:
+        return (op.out, *op.args)
+    if type(op) is Sum:
+        return (op.out, *op.terms)
+    return (op.out, *([op.head] if op.head is not None else []), *op.a, *op.b)
+
+
+def with_slots(op, slots):
+    """``op`` over other slots (``slots`` as ``loop_slots`` lists them)."""
+    if type(op) is Op:
+        return Op(op.name, slots[0], tuple(slots[1:]), op.k)
+    if type(op) is Sum:
+        return Sum(slots[0], list(slots[1:]))
+    h = 1 if op.head is not None else 0
+    n = len(op.a)
+    return Dot(slots[0], slots[1] if h else None, list(slots[1 + h:1 + h + n]), list(slots[1 + h + n:]))
+
+
+@dataclass(eq=False)
+class Dot:
+    """``out = head + a[0] * b[0] + a[1] * b[1] + ...``, each product rounded,
+    added left to right (without a head, from ``a[0] * b[0]``): a ``Sum`` of
+    products that the loop pass (``compiler/loops.py``) fused into it, both
+    sides computed values (activations) or inputs. Backward adds the
+    gradient to the head's, then to each product's operands, last product
+    first, ``a``'s before ``b``'s: the order of the ``Sum`` and ``*`` ops it
+    replaces (the pass fuses only products whose operands no op between
+    them and the fold reads)."""
+    out: int
+    head: object
+    a: list
+    b: list
+
+    @property
+    def reads(self):
+        return ([self.head] if self.head is not None else []) + list(self.a) + list(self.b)
+
+    @property
+    def writes(self):
+        return (self.out,)
+
+    def __str__(self):
+        head = f'%{self.head} + ' if self.head is not None else ''
+        return f'%{self.out} = {head}dot({slot_list(self.a)}, {slot_list(self.b)})'

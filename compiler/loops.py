@@ -36,14 +36,16 @@ import struct
 
 import numpy as np
 
-from compiler.ir import OP_CODES, OP_NAMES, Loop, MatVec, Op, Program, ScalarArrays, Sum, needs_grad
+from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, Op, Program, ScalarArrays, Sum, loop_slots, needs_grad,
+                         with_slots)
 
 MAX_PERIOD = 32         # ops per body at most
 MAX_TERMS = 32          # terms of a Sum a body may hold
 MIN_ITERATIONS = 3      # fewer repetitions stay as they are
 MIN_OPS = 6             # and so do shorter stretches
 
-_SUM = len(OP_NAMES)    # the kind of a Sum of the array form (after the scalar ops' codes)
+_SUM = len(OP_NAMES)    # the kinds of a Sum and a Dot (after the scalar ops' codes)
+_DOT = _SUM + 1
 _INPUT, _PARAM, _CONST, _COMPUTED, _NONE = range(5)
 
 
@@ -51,11 +53,14 @@ def lift_loops(program):
     """``Program -> Program`` with periodic stretches of ops as ``Loop`` ops."""
     if 'loops' in program.passes:
         return program
+    program = fuse_dots(program)
     units = _Units(program)
     if units.n < MIN_OPS:
         return program
     loops = _find_loops(units)
     if not loops:
+        if 'dots' in program.passes:
+            program.passes += ('loops',)       # (fuse_dots made it: ours to name)
         return program
     return _rebuild(program, units, loops)
 
@@ -68,12 +73,7 @@ class _Units:
 
     def __init__(self, program):
         self.program = program
-        if program.arrays is not None:
-            arrays, lifted = program.arrays, list(program.lifted)
-        else:
-            ops = program.ops
-            arrays = ScalarArrays.from_ops([op for op in ops if type(op) is Op])
-            lifted = [(i, op) for i, op in enumerate(ops) if type(op) is not Op]
+        arrays, lifted = _parts(program)
         self.arrays, self.lifted = arrays, lifted
         n_scalar = len(arrays.code)
         self.n = n = n_scalar + len(lifted)
@@ -81,8 +81,10 @@ class _Units:
         is_scalar = np.ones(n, dtype=bool)
         is_scalar[at_lifted] = False
         self.scalar_at = np.flatnonzero(is_scalar)       # position of each scalar op
-        sums = [(i, op) for i, op in lifted if type(op) is Sum and len(op.terms) <= MAX_TERMS]
-        width = 1 + max([2] + [len(op.terms) for _, op in sums])
+        self.lifted_at = dict(lifted)
+        sums = [(i, op) for i, op in lifted
+                if type(op) is Sum and len(op.terms) <= MAX_TERMS or type(op) is Dot and len(op.a) <= MAX_TERMS]
+        width = max([3] + [len(loop_slots(op)) for _, op in sums])
         slots = np.zeros((n, width), dtype=np.int64)
         used = np.zeros((n, width), dtype=bool)
         kind = np.full(n, -1, dtype=np.int64)
@@ -100,12 +102,12 @@ class _Units:
             which = np.array(sorted(arrays.k), dtype=np.int64)
             exponent[self.scalar_at[which]] = [1 + ids.setdefault(arrays.k[i].hex(), len(ids))
                                                for i in which.tolist()]
-        # the short Sums
+        # the short folds
         for i, op in sums:
-            kind[i] = _SUM
-            slots[i, 0] = op.out
-            slots[i, 1:1 + len(op.terms)] = op.terms
-            used[i, :1 + len(op.terms)] = True
+            kind[i] = _SUM if type(op) is Sum else _DOT
+            row = loop_slots(op)
+            slots[i, :len(row)] = row
+            used[i, :len(row)] = True
         # what each slot is, and whether it needs a gradient
         leaves, p0, p1 = program.n_leaves, program.param_start, program.param_end
         cls = np.where(slots < program.n_inputs, _INPUT, np.where(slots < p1, _PARAM,
@@ -126,10 +128,9 @@ class _Units:
         self.kind, self.slots, self.used = kind, slots, used
 
     def op(self, i, at):
-        """Unit ``i`` as an ``Op`` or ``Sum`` over the slots ``at`` (a row of ``slots``)."""
-        if self.kind[i] == _SUM:
-            n_terms = int(self.used[i].sum()) - 1
-            return Sum(int(at[0]), [int(t) for t in at[1:1 + n_terms]])
+        """Unit ``i`` as an ``Op``, ``Sum`` or ``Dot`` over the slots ``at`` (a row of ``slots``)."""
+        if self.kind[i] >= _SUM:
+            return with_slots(self.lifted_at[i], [int(s) for s in at[:self.width(i)]])
         j = int(np.searchsorted(self.scalar_at, i))
         arrays = self.arrays
         args = (int(at[1]), int(at[2])) if arrays.b[j] >= 0 else (int(at[1]),)
@@ -197,7 +198,7 @@ def _rebuild(program, units, loops):
         inside[s + p * k] -= 1
     absorbed = np.cumsum(inside[:n]) > 0
     loop_at = {s: (p, k) for s, p, k in loops}
-    lifted_at = dict(units.lifted)
+    lifted_at = units.lifted_at
     keep = ~absorbed
     keep[[s for s, _, _ in loops]] = True       # each loop takes its first op's place
     new_position = np.cumsum(keep) - 1
@@ -231,3 +232,105 @@ def _rebuild(program, units, loops):
                   input_grads=program.input_grads, labels=program.labels, prefix_sums=program.prefix_sums)
     out.known_needs_grad = bytes(needs_grad(program))
     return out
+
+
+# -- dot products of activations ---------------------------------------------------
+
+_TIMES = OP_CODES['*']
+
+
+def _parts(program):
+    """``(scalar arrays, [(position, lifted op)])`` of any program."""
+    if program.arrays is not None:
+        return program.arrays, list(program.lifted)
+    ops = program.ops
+    return (ScalarArrays.from_ops([op for op in ops if type(op) is Op]),
+            [(i, op) for i, op in enumerate(ops) if type(op) is not Op])
+
+
+def fuse_dots(program):
+    """``Program -> Program`` with each ``Sum`` of products ``a * b`` (after
+    an optional head) fused with those products into a ``Dot``, where that
+    moves no gradient contribution: each product is used by the fold alone,
+    reads no parameter, the products come in the fold's order, and no other
+    op between a product and the fold reads the product's operands (where
+    they need a gradient). Backward then reaches every operand in the order
+    the ``*`` ops did (see ``Dot``)."""
+    arrays, lifted = _parts(program)
+    n_scalar = len(arrays.code)
+    n = n_scalar + len(lifted)
+    is_scalar = np.ones(n, dtype=bool)
+    is_scalar[[i for i, _ in lifted]] = False
+    scalar_at = np.flatnonzero(is_scalar)
+    # who reads each slot, by position
+    lifted_reads = [(s, i) for i, op in lifted for s in op.reads]
+    binary = arrays.b >= 0
+    slots = np.concatenate([arrays.a, arrays.b[binary], np.array([s for s, _ in lifted_reads], dtype=np.int64)])
+    where = np.concatenate([scalar_at, scalar_at[binary], np.array([i for _, i in lifted_reads], dtype=np.int64)])
+    order = np.lexsort((where, slots))
+    slots, where = slots[order], where[order]
+    first = np.searchsorted(slots, np.arange(program.n_slots + 1))
+    ends = np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)
+    uses = np.bincount(np.r_[slots, ends], minlength=program.n_slots)
+    needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
+    producer = np.full(program.n_slots, -1, dtype=np.int64)      # scalar op index of each slot
+    producer[arrays.out] = np.arange(n_scalar)
+    p0, p1 = program.param_start, program.param_end
+    product = np.zeros(program.n_slots, dtype=bool)              # a fusable product's slot
+    j = producer[arrays.out]
+    product[arrays.out] = ((arrays.code == _TIMES) & (uses[arrays.out] == 1)
+                           & ~((arrays.a >= p0) & (arrays.a < p1)) & ~((arrays.b >= p0) & (arrays.b < p1)))
+    del j
+    not_fused = {program.loss, *program.prefix_sums}
+    fused, absorbed = {}, []
+    for i, op in lifted:
+        if type(op) is not Sum or op.out in not_fused:
+            continue
+        terms = np.array(op.terms, dtype=np.int64)
+        is_product = product[terms]
+        head = None if is_product[0] else int(terms[0])
+        if head is not None and p0 <= head < p1:
+            continue          # a parameter's contribution may be recorded: scalar code adds it
+        prods = terms[0 if head is None else 1:]
+        if len(prods) < 2 or not is_product[len(terms) - len(prods):].all():
+            continue
+        k = producer[prods]
+        q = scalar_at[k]
+        if np.any(np.diff(q) <= 0):
+            continue
+        a, b = arrays.a[k], arrays.b[k]
+        own = set(q.tolist())
+        if not all(_read_only_by(x, int(at), i, own, slots, where, first)
+                   for x, at in zip(np.r_[a, b].tolist(), np.r_[q, q].tolist()) if needs[x]):
+            continue
+        fused[i] = Dot(op.out, head, a.tolist(), b.tolist())
+        absorbed.append(k)
+    if not fused:
+        return program
+    gone = np.zeros(n_scalar, dtype=bool)
+    gone[np.concatenate(absorbed)] = True
+    keep = np.ones(n, dtype=bool)
+    keep[scalar_at[gone]] = False
+    new_position = np.cumsum(keep) - 1
+    stay = np.flatnonzero(~gone)
+    index = np.full(n_scalar, -1, dtype=np.int64)
+    index[stay] = np.arange(len(stay))
+    scalar = ScalarArrays(code=arrays.code[stay], out=arrays.out[stay], a=arrays.a[stay], b=arrays.b[stay],
+                          k={int(index[i]): v for i, v in arrays.k.items() if index[i] >= 0})
+    new_lifted = tuple((int(new_position[i]), fused.get(i, op)) for i, op in lifted)
+    out = Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+                  constants=program.constants, arrays=scalar, lifted=new_lifted,
+                  n_grad_ops=int(keep[:program.n_grad_ops].sum()), loss=program.loss, outputs=program.outputs,
+                  passes=program.passes + ('dots',), slot_map=program.slot_map,
+                  param_order=program.param_order, graph_hash=program.graph_hash,
+                  input_grads=program.input_grads, labels=program.labels, prefix_sums=program.prefix_sums)
+    out.known_needs_grad = bytes(needs_grad(program))
+    return out
+
+
+def _read_only_by(x, after, before, own, slots, where, first):
+    """Whether every op reading slot ``x`` strictly between positions
+    ``after`` and ``before`` is one of the positions ``own``."""
+    readers = where[first[x]:first[x + 1]]
+    lo, hi = np.searchsorted(readers, [after, before], side='right')
+    return all(r in own or r == before for r in readers[lo:hi].tolist())

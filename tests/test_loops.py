@@ -8,8 +8,8 @@ import pytest
 
 import compiler
 from compiler.codegen import loops as loops_c
-from compiler.ir import Loop, Op, Sum, MatVec, prefixes_hold
-from compiler.loops import lift_loops
+from compiler.ir import Dot, Loop, Op, Sum, MatVec, prefixes_hold
+from compiler.loops import fuse_dots, lift_loops
 from compiler.trace import trace
 from compiler.vectorize import vectorize
 from micrograd import Value
@@ -207,6 +207,9 @@ def _same_op(a, b, constants):
             (b.name, b.k, b.out, [slot_value(s) for s in b.args])
     if type(a) is Sum:
         return a.out == b.out and [slot_value(s) for s in a.terms] == [slot_value(s) for s in b.terms]
+    if type(a) is Dot:
+        return ((a.out, slot_value(a.head) if a.head is not None else None, a.a, a.b)
+                == (b.out, slot_value(b.head) if b.head is not None else None, b.a, b.b))
     return a is b
 
 
@@ -214,7 +217,8 @@ def _same_op(a, b, constants):
 def test_a_loop_stands_for_exactly_the_ops_it_replaces_in_their_order(seed):
     rng = random.Random(seed)
     T, C, H = rng.choice([(3, 4, 1), (4, 8, 2), (6, 8, 4)])
-    before = vectorize(trace(*_graph(T, C, H, rng.sample(ELEMENTWISE, 4), seed)))
+    before = fuse_dots(vectorize(trace(*_graph(T, C, H, rng.sample(ELEMENTWISE, 4), seed))))
+    assert any(type(op) is Dot for op in before.ops)
     after = lift_loops(before)
     assert any(type(op) is Loop for op in after.ops)
     assert after.n_ops < before.n_ops
@@ -226,6 +230,22 @@ def test_a_loop_stands_for_exactly_the_ops_it_replaces_in_their_order(seed):
     assert len(_expanded_prefix(after, after.n_grad_ops)) == before.n_grad_ops
     assert after.prefix_sums == before.prefix_sums and prefixes_hold(after)
     assert lift_loops(after) is after
+
+
+def test_a_dot_is_a_fold_of_products_used_by_it_alone():
+    T, C, H = 4, 8, 2
+    before = vectorize(trace(*_graph(T, C, H, ['tanh'], 1)))
+    after = fuse_dots(before)
+    producer = {op.out: op for op in before.ops if type(op) is Op}
+    folds = {op.out: op for op in before.ops if type(op) is Sum}
+    dots = [op for op in after.ops if type(op) is Dot]
+    assert dots and after.n_ops == before.n_ops - sum(len(d.a) for d in dots)
+    for d in dots:
+        terms = folds[d.out].terms
+        products = terms[1:] if d.head is not None else terms
+        assert d.head is None or d.head == terms[0]
+        assert [producer[t].name for t in products] == ['*'] * len(products)
+        assert [producer[t].args for t in products] == list(zip(d.a, d.b))
 
 
 def _expanded_prefix(program, n):

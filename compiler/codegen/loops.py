@@ -19,7 +19,7 @@ import numpy as np
 from compiler.codegen import sums
 from compiler.codegen.scalar import SCALAR_C
 from compiler.codegen.sums import Place
-from compiler.ir import Loop, Op, loop_slots
+from compiler.ir import Loop, Op, Sum, loop_slots
 
 
 # Loops (and folds run as loops) per generated function at most: clang's loop
@@ -109,8 +109,12 @@ def forward(op, scalar):
             args = [places.value(j, k) for k in range(1, 1 + len(b.args))]
             expr = row.forward(args[0], args[1] if len(args) == 2 else '', b.k)
             body.append(f'{out} = {expr};' + (f' /* {b.name} */' if row.comment else ''))
-        else:
+        elif type(b) is Sum:
             body += sums.fold_forward(out, places.where[j][1:])
+        else:
+            h, n = (1 if b.head is not None else 0), len(b.a)
+            where = places.where[j]
+            body += sums.dot_forward(out, where[1] if h else None, where[1 + h:1 + h + n], where[1 + h + n:])
     return [_block(op, places, 'for (int i = 0; i < {n}; i++) {{', body)]
 
 
@@ -134,10 +138,16 @@ def backward(op, scalar, flags):
                     target, expr = places.grad(j, 1 + operand).at(), contribution(a, bv, o, g, b.k)
                     body.append(f'if ({condition(a, bv)}) {target} += {expr};' if condition
                                 else f'{target} += {expr};')
-        else:
+        elif type(b) is Sum:
             # d sum / d t = 1 for every term, reached last to first
             body += sums.fold_backward(g, [places.grad(j, k) if flags[slots[k]] else None
                                            for k in range(1, len(slots))])
+        else:
+            h, n = (1 if b.head is not None else 0), len(b.a)
+            where = places.where[j]
+            grads = [places.grad(j, k) if flags[slots[k]] else None for k in range(len(slots))]
+            body += sums.dot_backward(g, grads[1] if h else None, where[1 + h:1 + h + n], where[1 + h + n:],
+                                      grads[1 + h:1 + h + n], grads[1 + h + n:])
     if not body:
         return []
     return [_block(op, places, 'for (int i = {last}; i >= 0; i--) {{', body)]
