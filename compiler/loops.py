@@ -36,13 +36,13 @@ import struct
 
 import numpy as np
 
-from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, Op, Program, ScalarArrays, Sum, loop_slots, needs_grad,
+from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, MatVec, Op, Program, ScalarArrays, Sum, loop_slots, needs_grad,
                          with_slots)
 
 MAX_PERIOD = 32         # ops per body at most
 MAX_TERMS = 32          # terms of a Sum a body may hold
 MIN_ITERATIONS = 3      # fewer repetitions stay as they are
-MIN_OPS = 6             # and so do shorter stretches
+MIN_OPS = 4             # and so do shorter stretches
 
 _SUM = len(OP_NAMES)    # the kinds of a Sum and a Dot (after the scalar ops' codes)
 _DOT = _SUM + 1
@@ -122,7 +122,11 @@ class _Units:
         ends = np.array([program.loss, *program.prefix_sums], dtype=np.int64)
         kind[np.isin(slots[:, 0], ends) & (kind >= 0)] = -1
         cone = np.arange(n) < program.n_grad_ops
-        features = np.column_stack([kind, exponent, cone, cls * 2 + flag])
+        # what must repeat, packed (4 bits a slot) so that grouping rows is cheap
+        code = cls * 2 + flag
+        code = np.pad(code, ((0, 0), (0, -code.shape[1] % 15)))
+        packed = (code.reshape(n, -1, 15) << (4 * np.arange(15))).sum(axis=2)
+        features = np.column_stack([(kind + 1) | cone << 8 | exponent << 9, packed])
         _, sig = np.unique(features, axis=0, return_inverse=True)
         self.sig = np.where(kind >= 0, sig.reshape(-1), -1)
         self.kind, self.slots, self.used = kind, slots, used
@@ -161,8 +165,15 @@ def _next_false(mask):
 
 
 def _find_loops(units):
-    """``[(start, period, iterations)]``: the stretches to lift, in order."""
+    """``[(start, period, iterations)]``: the stretches to lift, in order.
+
+    A step of one op from the op ``p`` before it is a row of slot
+    differences; rows are compared by a linear hash (``H(x - y) = H(x) -
+    H(y)``, modulo 2**64: one subtraction a period), and each stretch taken
+    is then checked row by row and cut where the hash was wrong."""
     n, sig, slots = units.n, units.sig, units.slots
+    weights = np.random.default_rng(0).integers(1, 2 ** 63, size=slots.shape[1], dtype=np.uint64) | np.uint64(1)
+    hashed = (slots.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     starts = np.arange(n)
     loopable_to = _next_false(sig >= 0)
     best = np.zeros(n, dtype=np.int64)
@@ -170,9 +181,9 @@ def _find_loops(units):
     for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
         same = np.zeros(n, dtype=bool)
         same[p:] = (sig[p:] == sig[:-p]) & (sig[p:] >= 0)
-        step = slots[p:] - slots[:-p]
+        step = hashed[p:] - hashed[:-p]
         same_step = np.zeros(n, dtype=bool)
-        same_step[2 * p:] = np.all(step[p:] == step[:-p], axis=1)
+        same_step[2 * p:] = step[p:] == step[:-p]
         end = np.minimum(_next_false(same)[np.minimum(starts + p, n)],
                          _next_false(same_step)[np.minimum(starts + 2 * p, n)])
         iterations = (end - starts) // p
@@ -184,9 +195,19 @@ def _find_loops(units):
         if s < at:
             continue
         p = int(best_p[s])
-        loops.append((s, p, int(best[s]) // p))
-        at = s + int(best[s])
+        k = _checked(slots, s, p, int(best[s]) // p)
+        if k >= MIN_ITERATIONS and k * p >= MIN_OPS:
+            loops.append((s, p, k))
+            at = s + k * p
     return loops
+
+
+def _checked(slots, s, p, k):
+    """How many of the ``k`` iterations from ``s`` repeat the first's steps exactly."""
+    rows = slots[s:s + k * p].reshape(k, p, -1)
+    steps = rows[1:] - rows[:-1]
+    good = np.all(steps == steps[0], axis=(1, 2))
+    return 1 + int(np.argmin(good)) if not good.all() else k
 
 
 def _rebuild(program, units, loops):
@@ -263,48 +284,72 @@ def fuse_dots(program):
     is_scalar[[i for i, _ in lifted]] = False
     scalar_at = np.flatnonzero(is_scalar)
     # who reads each slot, by position
-    lifted_reads = [(s, i) for i, op in lifted for s in op.reads]
+    # (a MatVec's weights are parameters: no product reads them)
+    reads = [np.arange(op.x0, op.x0 + op.cols).tolist() + list(op.heads or ()) if type(op) is MatVec else op.reads
+             for _, op in lifted]
     binary = arrays.b >= 0
-    slots = np.concatenate([arrays.a, arrays.b[binary], np.array([s for s, _ in lifted_reads], dtype=np.int64)])
-    where = np.concatenate([scalar_at, scalar_at[binary], np.array([i for _, i in lifted_reads], dtype=np.int64)])
+    slots = np.concatenate([arrays.a, arrays.b[binary], np.fromiter((s for r in reads for s in r), dtype=np.int64)])
+    where = np.concatenate([scalar_at, scalar_at[binary],
+                            np.repeat(np.array([i for i, _ in lifted], dtype=np.int64), [len(r) for r in reads])])
     order = np.lexsort((where, slots))
     slots, where = slots[order], where[order]
-    first = np.searchsorted(slots, np.arange(program.n_slots + 1))
+    key = slots * (n + 1) + where                  # readers, by slot then position
     ends = np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)
     uses = np.bincount(np.r_[slots, ends], minlength=program.n_slots)
-    needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
+    needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
     producer = np.full(program.n_slots, -1, dtype=np.int64)      # scalar op index of each slot
     producer[arrays.out] = np.arange(n_scalar)
     p0, p1 = program.param_start, program.param_end
     product = np.zeros(program.n_slots, dtype=bool)              # a fusable product's slot
-    j = producer[arrays.out]
     product[arrays.out] = ((arrays.code == _TIMES) & (uses[arrays.out] == 1)
                            & ~((arrays.a >= p0) & (arrays.a < p1)) & ~((arrays.b >= p0) & (arrays.b < p1)))
-    del j
     not_fused = {program.loss, *program.prefix_sums}
+    folds = [(i, op) for i, op in lifted if type(op) is Sum and op.out not in not_fused]
+    if not folds:
+        return program
+    # every fold's terms in one array; a fold is a candidate when all its
+    # terms but a first one (the head, not a parameter) are products
+    lengths = np.array([len(op.terms) for _, op in folds])
+    start = np.cumsum(lengths) - lengths
+    terms = np.concatenate([op.terms for _, op in folds]).astype(np.int64)
+    fold_of = np.repeat(np.arange(len(folds)), lengths)
+    is_product = product[terms]
+    head = ~is_product[start]
+    first_product = start + head
+    ok = (lengths - head >= 2) & ~(head & (terms[start] >= p0) & (terms[start] < p1))
+    position = np.arange(len(terms))
+    in_products = position >= first_product[fold_of]
+    ok &= np.add.reduceat(in_products & ~is_product, start) == 0
+    # the products in the fold's order, and nothing between a product and the
+    # fold reading its operands but the fold's later products
+    k = np.where(in_products & is_product, producer[terms], 0)
+    q = scalar_at[k]
+    fold_at = np.array([i for i, _ in folds], dtype=np.int64)
+    later = (np.r_[q[1:] > q[:-1], True] | ~in_products | ~np.r_[in_products[1:], False]
+             | (np.r_[fold_of[1:], -1] != fold_of))
+    ok &= np.logical_and.reduceat(later, start)
+    entry = np.flatnonzero(in_products & ok[fold_of])
+    if len(entry):
+        fold_e = np.r_[fold_of[entry], fold_of[entry]]
+        q_e = np.r_[q[entry], q[entry]]
+        x_e = np.r_[arrays.a[k[entry]], arrays.b[k[entry]]]
+        s_e = fold_at[fold_e]
+        total = np.searchsorted(key, x_e * (n + 1) + s_e, 'left') - np.searchsorted(key, x_e * (n + 1) + q_e, 'right')
+        # reads of x by this fold's products after this one
+        _, group = np.unique(fold_e * program.n_slots + x_e, return_inverse=True)
+        span = int(q_e.max()) + 2
+        c = group.reshape(-1) * span + q_e
+        c_sorted = np.sort(c)
+        same = (np.searchsorted(c_sorted, group.reshape(-1) * span + span - 1, 'left')
+                - np.searchsorted(c_sorted, c, 'right'))
+        bad = needs[x_e] & (total != same)
+        ok[np.unique(fold_e[bad])] = False
     fused, absorbed = {}, []
-    for i, op in lifted:
-        if type(op) is not Sum or op.out in not_fused:
-            continue
-        terms = np.array(op.terms, dtype=np.int64)
-        is_product = product[terms]
-        head = None if is_product[0] else int(terms[0])
-        if head is not None and p0 <= head < p1:
-            continue          # a parameter's contribution may be recorded: scalar code adds it
-        prods = terms[0 if head is None else 1:]
-        if len(prods) < 2 or not is_product[len(terms) - len(prods):].all():
-            continue
-        k = producer[prods]
-        q = scalar_at[k]
-        if np.any(np.diff(q) <= 0):
-            continue
-        a, b = arrays.a[k], arrays.b[k]
-        own = set(q.tolist())
-        if not all(_read_only_by(x, int(at), i, own, slots, where, first)
-                   for x, at in zip(np.r_[a, b].tolist(), np.r_[q, q].tolist()) if needs[x]):
-            continue
-        fused[i] = Dot(op.out, head, a.tolist(), b.tolist())
-        absorbed.append(k)
+    for f in np.flatnonzero(ok).tolist():
+        i, op = folds[f]
+        ks = k[first_product[f]:start[f] + lengths[f]]
+        fused[i] = Dot(op.out, int(terms[start[f]]) if head[f] else None, arrays.a[ks].tolist(), arrays.b[ks].tolist())
+        absorbed.append(ks)
     if not fused:
         return program
     gone = np.zeros(n_scalar, dtype=bool)
@@ -326,11 +371,3 @@ def fuse_dots(program):
                   input_grads=program.input_grads, labels=program.labels, prefix_sums=program.prefix_sums)
     out.known_needs_grad = bytes(needs_grad(program))
     return out
-
-
-def _read_only_by(x, after, before, own, slots, where, first):
-    """Whether every op reading slot ``x`` strictly between positions
-    ``after`` and ``before`` is one of the positions ``own``."""
-    readers = where[first[x]:first[x + 1]]
-    lo, hi = np.searchsorted(readers, [after, before], side='right')
-    return all(r in own or r == before for r in readers[lo:hi].tolist())

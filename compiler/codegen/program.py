@@ -43,7 +43,8 @@ class _Functions:
 
     def _function(self, name, params, lines):
         self.prototypes.append(f'HIDDEN void {name}({params[0]});')
-        self.definitions.append((len(lines), '\n'.join([
+        # a loop or a fold is one item of several lines: count its lines
+        self.definitions.append((sum(line.count('\n') + 1 for line in lines), '\n'.join([
             f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{',
             '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n'])))
 
