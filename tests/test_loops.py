@@ -294,3 +294,29 @@ def test_a_matvec_stays_a_matvec():
     before = vectorize(trace(*_graph(T, C, H, ['relu'], 0)))
     after = lift_loops(before)
     assert sum(type(op) is MatVec for op in before.ops) == sum(type(op) is MatVec for op in after.ops) > 0
+
+
+def test_places_out_of_progression_come_from_a_table():
+    class Rows:     # where each slot lives: slot s of the loop's column at irregular places
+        value = [f'v[{i}]' for i in range(40)]
+    Rows.value[12], Rows.value[13] = 'v[30]', 'v[35]'
+    loop = Loop(3, (Op('exp', 20, (11,)),), ((1, 1),))
+    (forward,) = loops_c.forward(loop, Rows())
+    assert 'static const int at0[3] = {11, 30, 35};' in forward
+    assert 'v[20 + i] = exp(v[at0[i]]);' in forward
+    assert [str(op) for op in loop.ops()] == ['%20 = exp(%11)', '%21 = exp(%12)', '%22 = exp(%13)']
+
+
+@pytest.mark.parametrize('cc', [FAST_CC])
+def test_the_op_table_runs_loops_and_dots_between_its_entries(cc, monkeypatch):
+    from compiler.codegen import table
+    monkeypatch.setattr(table, 'TABLE_MIN_OPS', 10)
+    T, C, H = 4, 8, 2
+    build, values = attention_model(T, C, H, ['sigmoid', 'exp'], seed=2)
+    params = [Value(v) for v in values]
+    inputs = [Value(0.0) for _ in range(2 * T * C)]
+    losses, outputs = build(T, inputs, params)
+    m = _compile(losses, inputs, params, outputs, cc)
+    assert 'vm_forward' in m.source and any(type(op) is Loop for op in m.program.ops)
+    assert any(type(op) is Dot for op in m.program.ops)
+    _check_every_prefix(m, build, params, T, C, random.Random(9))
