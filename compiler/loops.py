@@ -1,36 +1,44 @@
-"""The loop pass: re-roll periodic stretches of a program into ``Loop`` ops,
-keeping its results bit for bit.
+"""The loop pass: dot products of computed values fused into ``Dot`` ops,
+then periodic stretches of a program re-rolled into ``Loop`` ops, keeping
+its results bit for bit.
 
-A stretch of consecutive ops is periodic when it is ``n`` repetitions of a
-body of ``p`` ops (scalar ops and short ``Sum`` folds) in which each op is
-the same op as the one ``p`` before it (name, exponent, operand count) and
-every slot moves by the same step from one repetition to the next: an
-elementwise run (``p = 1``: residual adds, ``exp`` over a softmax's logits,
-rmsnorm's scaling), a chain (``max`` over logits: each op reads the one
-before), or a pattern of several ops (attention's ``q . k`` products, their
-fold, the scaling and the running max, once per earlier position; the
-weighted sums over ``v``, once per head dimension).
+1. Dots (``fuse_dots``): a ``Sum`` whose terms, after an optional head, are
+   products ``a * b`` used by it alone becomes one ``Dot`` (attention's
+   ``q . k`` over a head, its weighted sums over the values, rmsnorm's sum
+   of squares), where moving the products to the fold moves no gradient
+   contribution (see ``fuse_dots``). Its C is a loop ``acc += a * b``.
+2. Loops: a stretch of consecutive ops is periodic when it is ``n``
+   repetitions of a body of ``p`` ops (scalar ops, ``Sum`` and ``Dot``) in
+   which each op is the same op as the one ``p`` before it (name, exponent,
+   operand count) and every slot moves by the same step from one
+   repetition to the next: an elementwise run (``p = 1``: residual adds,
+   ``exp`` over a softmax's logits, rmsnorm's scaling), a chain (``max``
+   over logits: each op reads the one before), or a pattern of several ops
+   (attention's ``q . k`` dot, its scaling and the running max, once per
+   earlier position; the weighted sums over ``v``, once per head dimension).
 
-Exactness: a ``Loop`` runs exactly the ops it replaces in exactly their
-order (forward first to last, backward last to first), so no rounding and
-no gradient contribution moves: there is nothing to reschedule, and the
-order of every slot's gradient contributions is the interpreter's by
-construction (``vectorize._same_gradient_order`` is not needed). A stretch
-is lifted only where the C can be uniform over its iterations: each body
-slot needs a gradient in every iteration or in none, and is of one kind
-throughout (an input, a constant or a computed value). Ops reading a
-parameter stay scalar (their gradient contributions may be recorded per
-row, ``codegen/layout.py``); so do the ops writing the loss or a
-sequence's partial sums (``prefix_cuts`` finds those by their op), and no
-stretch crosses from the loss's cone into the outputs-only ops. Equal
-constants are one constant here: a body may read the first slot holding the
-same double where the op read another.
+Exactness of loops: a ``Loop`` runs exactly the ops it replaces in exactly
+their order (forward first to last, backward last to first), so no
+rounding and no gradient contribution moves: there is nothing to
+reschedule, and the order of every slot's gradient contributions is the
+interpreter's by construction (``vectorize._same_gradient_order`` is not
+needed). A stretch is lifted only where the C can be uniform over its
+iterations: each body slot needs a gradient in every iteration or in none,
+and is of one kind throughout (an input, a constant or a computed value).
+Ops reading a parameter stay scalar (their gradient contributions may be
+recorded per row, ``codegen/layout.py``); so do the ops writing the loss
+or a sequence's partial sums (``prefix_cuts`` finds those by their op), and
+no stretch crosses from the loss's cone into the outputs-only ops. Equal
+constants are one constant here: a body may read the first slot holding
+the same double where the op read another.
 
 How: the ops as arrays (one row of slots per op), and for every period
 ``p`` up to ``MAX_PERIOD`` numpy finds, at every start, how far the
 repetition goes (an op equal to the one ``p`` before, a step equal to the
 one ``p`` before); then one greedy scan in op order takes at each op the
-period covering the most ops.
+period covering the most ops. Dots: the folds' terms in one array, the
+readers of every slot sorted by position (``searchsorted`` counts the
+readers between a product and its fold).
 """
 import struct
 

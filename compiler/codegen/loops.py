@@ -12,7 +12,8 @@ statement (a block) of the per-row functions, so that splitting a long
 function into chunks never cuts it.
 
 ``forward_lines`` and ``backward_lines`` render a run of scalar ops,
-``Sum`` and ``Loop`` ops, for compiler/codegen/program.py.
+``Sum``, ``Dot`` and ``Loop`` ops (the folds: compiler/codegen/sums.py), for
+compiler/codegen/program.py.
 """
 import numpy as np
 
@@ -22,9 +23,9 @@ from compiler.codegen.sums import Place
 from compiler.ir import Loop, Op, Sum, loop_slots
 
 
-# Loops (and folds run as loops) per generated function at most: clang's loop
-# passes take superlinear time in the loops of one function (500 small loops:
-# 2.0 s at -O1 in one function, 0.7 s in functions of 10 to 50).
+# Loops per generated function at most: clang's loop passes take superlinear
+# time in the loops of one function (500 small loops: 2.0 s at -O1 in one
+# function, 0.7 s in functions of 10 to 50 loops).
 LOOPS_PER_FUNCTION = 16
 
 
