@@ -156,5 +156,6 @@ def backward(op, scalar, flags):
 
 def _block(op, places, head, body):
     lines = [f'{{   /* loop: {op.n} x {len(op.body)} ops */', *['    ' + t for t in places.tables],
-             '    ' + head.format(n=op.n, last=op.n - 1), *['        ' + line for line in body], '    }', '}']
+             sums.loop(head.format(n=op.n, last=op.n - 1), '    '),
+             *['        ' + line.replace('\n', '\n        ') for line in body], '    }', '}']
     return '\n'.join(lines)
