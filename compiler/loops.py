@@ -44,8 +44,8 @@ import struct
 
 import numpy as np
 
-from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, MatVec, Op, Program, ScalarArrays, Sum, loop_slots, needs_grad,
-                         with_slots)
+from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, MatVec, Op, Program, ScalarArrays, Sum, loop_slots,
+                         needs_grad, with_slots)
 
 MAX_PERIOD = 32         # ops per body at most
 MAX_TERMS = 32          # terms of a Sum a body may hold

@@ -43,6 +43,18 @@ def function_runs(run):
     return parts + ([part] if part else [])
 
 
+def work(op):
+    """About how many floating-point operations a scalar op, ``Sum``,
+    ``Dot`` or ``Loop`` does forward and backward (for the threads' share)."""
+    if type(op) is Loop:
+        return op.n * sum(work(b) for b in op.body)
+    if type(op) is Sum:
+        return 3 * len(op.terms)
+    if type(op) is Op:
+        return 3
+    return 6 * len(op.a)
+
+
 def forward_lines(run, scalar):
     """The forward statements of ``run`` (in order)."""
     return scalar.forward_lines(run, lambda op: forward(op, scalar) if type(op) is Loop

@@ -12,7 +12,7 @@ from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import Loop, MatVec, Op, Sum, needs_grad, prefix_cuts
+from compiler.ir import MatVec, Op, needs_grad, prefix_cuts
 
 
 class _Functions:
@@ -148,8 +148,8 @@ class _Program:
         return steps
 
     def _scalar_steps(self, run, forward):
-        """Calls of per-row functions running ``run`` (scalar ops, ``Sum`` and
-        ``Loop`` ops, in the order to run) in one direction; a function holds
+        """Calls of per-row functions running ``run`` (scalar ops, ``Sum``,
+        ``Dot`` and ``Loop`` ops, in the order to run) in one direction; a function holds
         at most ``loops.LOOPS_PER_FUNCTION`` loops (clang's loop passes slow
         down with the loops of one function)."""
         steps = []
@@ -307,8 +307,7 @@ class _Program:
         out += ['    ' + s for s in backward]
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
-        work = sum(6 * op.rows * op.cols if type(op) is MatVec else 3 * op.n * len(op.body) if type(op) is Loop
-                   else 3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
+        work = sum(6 * op.rows * op.cols if type(op) is MatVec else loops.work(op) for op in program.ops)
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),
