@@ -311,7 +311,7 @@ def fuse_dots(program):
     product = np.zeros(program.n_slots, dtype=bool)              # a fusable product's slot
     product[arrays.out] = ((arrays.code == _TIMES) & (uses[arrays.out] == 1)
                            & ~((arrays.a >= p0) & (arrays.a < p1)) & ~((arrays.b >= p0) & (arrays.b < p1)))
-    not_fused = {program.loss, *program.prefix_sums}
+    not_fused = set(program.prefix_sums)         # prefix_cuts finds these by their Op or Sum
     folds = [(i, op) for i, op in lifted if type(op) is Sum and op.out not in not_fused]
     if not folds:
         return program

@@ -49,7 +49,7 @@ def _describe(program, kind, ops):
         params = _params_read(program, ops)
         return ('MatVec', f'{op.cols} -> {op.rows} (W {op.rows}x{op.cols}, {heads})', params,
                 _labels(program, list(op.writes)))
-    counts = Counter(op.name if type(op) is Op else 'sum' for op in ops)
+    counts = Counter(op.name if type(op) is Op else type(op).__name__.lower() for op in ops)   # sum, dot, loop
     what = ', '.join(f'{name} x{n}' for name, n in counts.most_common())
     outs = [o for op in ops for o in op.writes]
     return ('scalar', f'{len(ops)} ops: {what}', _params_read(program, ops), _labels(program, outs))

@@ -320,3 +320,15 @@ def test_the_op_table_runs_loops_and_dots_between_its_entries(cc, monkeypatch):
     assert 'vm_forward' in m.source and any(type(op) is Loop for op in m.program.ops)
     assert any(type(op) is Dot for op in m.program.ops)
     _check_every_prefix(m, build, params, T, C, random.Random(9))
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_a_loss_that_is_a_dot_of_activations_with_input_gradients(cc):
+    def graph(inputs, params):
+        h = [(a * b).tanh() for a, b in zip(inputs, params)]
+        g = [a.sigmoid() for a in inputs]
+        return sum(hi * gi for hi, gi in zip(h, g)) + sum(hi * hi for hi in h), h
+    rng = random.Random(6)
+    samples = [[rng.uniform(-2, 2) for _ in range(9)] for _ in range(3)] + [[0.0] * 9]
+    m = assert_matches_interpreter(graph, samples, [rng.uniform(-1, 1) for _ in range(9)], cc, input_grads=True)
+    assert sum(type(op) is Dot for op in m.program.ops) == 2
