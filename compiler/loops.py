@@ -48,9 +48,10 @@ from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, MatVec, Op, Program, Sca
                          needs_grad, with_slots)
 
 MAX_PERIOD = 32         # ops per body at most
-MAX_TERMS = 32          # terms of a Sum a body may hold
+MAX_TERMS = 32          # terms (products) of a Sum (Dot) a body may hold
 MIN_ITERATIONS = 3      # fewer repetitions stay as they are
 MIN_OPS = 4             # and so do shorter stretches
+MAX_CELLS = 1 << 24     # slots of the ops' table at most (int64: 128 MiB)
 
 _SUM = len(OP_NAMES)    # the kinds of a Sum and a Dot (after the scalar ops' codes)
 _DOT = _SUM + 1
@@ -90,9 +91,12 @@ class _Units:
         is_scalar[at_lifted] = False
         self.scalar_at = np.flatnonzero(is_scalar)       # position of each scalar op
         self.lifted_at = dict(lifted)
-        sums = [(i, op) for i, op in lifted
-                if type(op) is Sum and len(op.terms) <= MAX_TERMS or type(op) is Dot and len(op.a) <= MAX_TERMS]
-        width = max([3] + [len(loop_slots(op)) for _, op in sums])
+        folds = [(i, op, len(loop_slots(op))) for i, op in lifted if type(op) in (Sum, Dot)]
+        width = 2 + 2 * MAX_TERMS            # a fold in a body has at most this many slots
+        while width > 3 and n * width > MAX_CELLS:
+            width //= 2                      # (a huge program: only shorter folds in bodies)
+        sums = [(i, op) for i, op, w in folds if w <= width]
+        width = max([3] + [w for _, _, w in folds if w <= width])
         slots = np.zeros((n, width), dtype=np.int64)
         used = np.zeros((n, width), dtype=bool)
         kind = np.full(n, -1, dtype=np.int64)
