@@ -62,16 +62,17 @@ def lift_loops(program):
     """``Program -> Program`` with periodic stretches of ops as ``Loop`` ops."""
     if 'loops' in program.passes:
         return program
+    # A sequence's positions stay self-contained (ir.prefixes_hold): a fold
+    # and its products lie in one position (a product is in its fold's cone
+    # only), and no loop crosses the op writing a partial sum.
     program = fuse_dots(program)
     units = _Units(program)
-    if units.n < MIN_OPS:
-        return program
-    loops = _find_loops(units)
-    if not loops:
-        if 'dots' in program.passes:
-            program.passes += ('loops',)       # (fuse_dots made it: ours to name)
-        return program
-    return _rebuild(program, units, loops)
+    loops = _find_loops(units) if units.n >= MIN_OPS else []
+    if loops:
+        return _rebuild(program, units, loops)
+    if 'dots' in program.passes:
+        program.passes += ('loops',)       # (fuse_dots made it: ours to name)
+    return program
 
 
 class _Units:
