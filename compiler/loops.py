@@ -60,14 +60,14 @@ _INPUT, _PARAM, _CONST, _COMPUTED, _NONE = range(5)
 
 def lift_loops(program):
     """``Program -> Program`` with periodic stretches of ops as ``Loop`` ops."""
-    if 'loops' in program.passes:
+    if 'loops' in program.passes or program.n_ops < MIN_OPS:
         return program
     # A sequence's positions stay self-contained (ir.prefixes_hold): a fold
     # and its products lie in one position (a product is in its fold's cone
     # only), and no loop crosses the op writing a partial sum.
     program = fuse_dots(program)
     units = _Units(program)
-    loops = _find_loops(units) if units.n >= MIN_OPS else []
+    loops = _find_loops(units)
     if loops:
         return _rebuild(program, units, loops)
     if 'dots' in program.passes:

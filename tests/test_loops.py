@@ -332,3 +332,12 @@ def test_a_loss_that_is_a_dot_of_activations_with_input_gradients(cc):
     samples = [[rng.uniform(-2, 2) for _ in range(9)] for _ in range(3)] + [[0.0] * 9]
     m = assert_matches_interpreter(graph, samples, [rng.uniform(-1, 1) for _ in range(9)], cc, input_grads=True)
     assert sum(type(op) is Dot for op in m.program.ops) == 2
+
+
+@pytest.mark.parametrize('n', range(6))
+def test_tiny_programs_pass_through(n):
+    x = [Value(0.0) for _ in range(n)]
+    p = Value(0.5)
+    loss = sum((v * v for v in x), p) if n else p
+    program = trace(loss, inputs=x, params=[p])
+    assert _expanded(lift_loops(program)) == program.ops or n >= 2
