@@ -9,7 +9,7 @@ import pytest
 import compiler
 from compiler.codegen import loops as loops_c
 from compiler.ir import Dot, Loop, Op, Sum, MatVec, prefixes_hold
-from compiler.loops import fuse_dots, lift_loops
+from compiler.loops import MIN_OPS, fuse_dots, lift_loops
 from compiler.trace import trace
 from compiler.vectorize import vectorize
 from micrograd import Value
@@ -340,4 +340,6 @@ def test_tiny_programs_pass_through(n):
     p = Value(0.5)
     loss = sum((v * v for v in x), p) if n else p
     program = trace(loss, inputs=x, params=[p])
-    assert _expanded(lift_loops(program)) == program.ops or n >= 2
+    out = lift_loops(program)
+    if program.n_ops < MIN_OPS:
+        assert out is program
