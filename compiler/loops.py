@@ -318,7 +318,7 @@ def fuse_dots(program):
                            & ~((arrays.a >= p0) & (arrays.a < p1)) & ~((arrays.b >= p0) & (arrays.b < p1)))
     not_fused = set(program.prefix_sums)         # prefix_cuts finds these by their Op or Sum
     folds = [(i, op) for i, op in lifted if type(op) is Sum and op.out not in not_fused]
-    if not folds:
+    if not folds or not product.any():
         return program
     # every fold's terms in one array; a fold is a candidate when all its
     # terms but a first one (the head, not a parameter) are products

@@ -343,3 +343,11 @@ def test_tiny_programs_pass_through(n):
     out = lift_loops(program)
     if program.n_ops < MIN_OPS:
         assert out is program
+
+
+def test_a_program_without_scalar_ops_has_no_dots():
+    x, w = [Value(0.0) for _ in range(3)], [[Value(0.5) for _ in range(3)] for _ in range(5)]
+    ys = [sum(wi * xi for wi, xi in zip(row, x)) for row in w]
+    program = vectorize(trace(sum(ys), inputs=x, params=[p for row in w for p in row], outputs=ys))
+    assert len(program.arrays.code) == 0
+    assert fuse_dots(program) is program
