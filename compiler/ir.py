@@ -504,3 +504,99 @@ class NotLifted:
     cols: int
     outs: tuple
     reason: str
+
+
+@dataclass(eq=False)
+class Loop:
+    """``n`` iterations of ``body`` (``Op`` and ``Sum`` ops): iteration ``i``
+    runs every op of ``body`` in order with each of its slots ``s`` moved to
+    ``s + i * step``; ``steps[j]`` holds one step per slot of ``body[j]``, its
+    output's first, then its operands' (``args`` or ``terms``). It stands for
+    exactly the ``n * len(body)`` ops it replaces, in their order: forward
+    runs the iterations first to last, backward last to first (each
+    iteration's ops in reverse), so every rounding and every gradient
+    contribution comes in the interpreter's order. (The lifting pass is
+    ``compiler/loops.py``.)"""
+    n: int
+    body: tuple
+    steps: tuple
+
+    def ops(self):
+        """The ops it stands for, in order."""
+        out = []
+        for i in range(self.n):
+            for op, step in zip(self.body, self.steps):
+                out.append(with_slots(op, [slot + i * d for slot, d in zip(loop_slots(op), step)]))
+        return out
+
+    def _all(self, first, last):
+        return [slot + i * step[j] for i in range(self.n) for op, step in zip(self.body, self.steps)
+                for j, slot in enumerate(loop_slots(op)) if first <= j < last]
+
+    @property
+    def reads(self):
+        return self._all(1, 1 << 30)
+
+    @property
+    def writes(self):
+        return self._all(0, 1)
+
+    def __str__(self):
+        def slot(s, d):
+            return f'%{s}' if not d else f'%{s}{"+" if d > 0 else "-"}{abs(d) if abs(d) != 1 else ""}i'
+        lines = [f'loop i < {self.n}:']
+        for op, step in zip(self.body, self.steps):
+            s = [slot(a, d) for a, d in zip(loop_slots(op), step)]
+            name = op.name if type(op) is Op else type(op).__name__.lower()
+            k = f', {op.k!r}' if type(op) is Op and op.k is not None else ''
+            lines.append(f'      {s[0]} = {name}({", ".join(s[1:])}{k})')
+        return '\n'.join(lines)
+
+
+def loop_slots(op):
+    """The slots of a ``Loop``'s body op: its output, then its operands
+    (a ``Dot``'s head, if any, then ``a``, then ``b``)."""
+    if type(op) is Op:
+        return (op.out, *op.args)
+    if type(op) is Sum:
+        return (op.out, *op.terms)
+    return (op.out, *([op.head] if op.head is not None else []), *op.a, *op.b)
+
+
+def with_slots(op, slots):
+    """``op`` over other slots (``slots`` as ``loop_slots`` lists them)."""
+    if type(op) is Op:
+        return Op(op.name, slots[0], tuple(slots[1:]), op.k)
+    if type(op) is Sum:
+        return Sum(slots[0], list(slots[1:]))
+    h = 1 if op.head is not None else 0
+    n = len(op.a)
+    return Dot(slots[0], slots[1] if h else None, list(slots[1 + h:1 + h + n]), list(slots[1 + h + n:]))
+
+
+@dataclass(eq=False)
+class Dot:
+    """``out = head + a[0] * b[0] + a[1] * b[1] + ...``, each product rounded,
+    added left to right (without a head, from ``a[0] * b[0]``): a ``Sum`` of
+    products that the loop pass (``compiler/loops.py``) fused into it, both
+    sides computed values (activations) or inputs. Backward adds the
+    gradient to the head's, then to each product's operands, last product
+    first, ``a``'s before ``b``'s: the order of the ``Sum`` and ``*`` ops it
+    replaces (the pass fuses only products whose operands no op between
+    them and the fold reads)."""
+    out: int
+    head: object
+    a: list
+    b: list
+
+    @property
+    def reads(self):
+        return ([self.head] if self.head is not None else []) + list(self.a) + list(self.b)
+
+    @property
+    def writes(self):
+        return (self.out,)
+
+    def __str__(self):
+        head = f'%{self.head} + ' if self.head is not None else ''
+        return f'%{self.out} = {head}dot({slot_list(self.a)}, {slot_list(self.b)})'

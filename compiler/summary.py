@@ -7,7 +7,7 @@ import os
 import re
 from collections import Counter
 
-from compiler.ir import MatVec, Op, slot_list
+from compiler.ir import Loop, MatVec, Op, slot_list
 
 
 def parts(program):
@@ -49,10 +49,12 @@ def _describe(program, kind, ops):
         params = _params_read(program, ops)
         return ('MatVec', f'{op.cols} -> {op.rows} (W {op.rows}x{op.cols}, {heads})', params,
                 _labels(program, list(op.writes)))
-    counts = Counter(op.name if type(op) is Op else 'sum' for op in ops)
+    # a Loop counts as the ops it runs; Sum and Dot by their names
+    counts = Counter(o.name if type(o) is Op else type(o).__name__.lower()
+                     for op in ops for o in (op.ops() if type(op) is Loop else (op,)))
     what = ', '.join(f'{name} x{n}' for name, n in counts.most_common())
     outs = [o for op in ops for o in op.writes]
-    return ('scalar', f'{len(ops)} ops: {what}', _params_read(program, ops), _labels(program, outs))
+    return ('scalar', f'{sum(counts.values())} ops: {what}', _params_read(program, ops), _labels(program, outs))
 
 
 NOT_LIFTED_LINES = 3      # per part; a convolution's windows would list every position

@@ -37,6 +37,7 @@ ALLOWED = {
     # the tracer's walk in C: built and loaded as the modules are (once, cached)
     'compiler.walk': {'compiler.build', 'compiler.load', 'compiler.templates'},
     'compiler.vectorize': {'compiler.ir'},
+    'compiler.loops': {'compiler.ir'},
     'compiler.codegen': {'compiler.ir', 'compiler.constants', 'compiler.templates', 'compiler.optim'},
     # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
     'compiler.build.errors': set(),

@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 
-from compiler.codegen import blob, sums, table
+from compiler.codegen import blob, loops, table
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatVec, Sum, needs_grad, prefix_cuts
+from compiler.ir import MatVec, needs_grad, prefix_cuts
 
 
 class _Functions:
@@ -44,7 +44,8 @@ class _Functions:
 
     def _function(self, name, params, lines):
         self.prototypes.append(f'HIDDEN void {name}({params[0]});')
-        self.definitions.append((len(lines), '\n'.join([
+        # a loop or a fold is one item of several lines: count its lines
+        self.definitions.append((sum(line.count('\n') + 1 for line in lines), '\n'.join([
             f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{',
             '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n'])))
 
@@ -155,19 +156,7 @@ class _Program:
         steps, run = [], []
 
         def flush():
-            if not run:
-                return
-            if direction == 'forward':
-                lines = self.scalar.forward_lines(run, lambda op: sums.forward(op, self.scalar))
-                name = self.functions.define('forward', FORWARD_PARAMS, lines)
-                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
-            else:
-                lines = self.scalar.backward_lines(
-                    run, self.flags, lambda op: sums.backward(op, self.scalar, self.flags))
-                if lines:
-                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
-                    steps.append(f'for (int r = r0; r < r1; r++) '
-                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            steps.extend(self._scalar_steps(run, direction == 'forward'))
             run.clear()
 
         for i, op in indexed_ops:
@@ -177,6 +166,25 @@ class _Program:
             else:
                 run.append(op)
         flush()
+        return steps
+
+    def _scalar_steps(self, run, forward):
+        """Calls of per-row functions running ``run`` (scalar ops, ``Sum``,
+        ``Dot`` and ``Loop`` ops, in the order to run) in one direction; a function holds
+        at most ``loops.LOOPS_PER_FUNCTION`` loops (clang's loop passes slow
+        down with the loops of one function)."""
+        steps = []
+        for part in loops.function_runs(run):
+            if forward:
+                lines = loops.forward_lines(part, self.scalar)
+                name = self.functions.define('forward', FORWARD_PARAMS, lines)
+                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+            else:
+                lines = loops.backward_lines(part, self.scalar, self.flags)
+                if lines:
+                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
+                    steps.append(f'for (int r = r0; r < r1; r++) '
+                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
         return steps
 
     def _matvec_step(self, op, forward):
@@ -207,19 +215,7 @@ class _Program:
         steps, sums_run = [], []
 
         def flush_sums():
-            if not sums_run:
-                return
-            if forward:
-                lines = [line for op in sums_run for line in sums.forward(op, self.scalar)]
-                name = self.functions.define('forward', FORWARD_PARAMS, lines)
-                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
-            else:
-                lines = [line for op in sums_run if self.flags[op.out]
-                         for line in sums.backward(op, self.scalar, self.flags)]
-                if lines:
-                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
-                    steps.append(f'for (int r = r0; r < r1; r++) '
-                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
+            steps.extend(self._scalar_steps(sums_run, forward))
             sums_run.clear()
         for seg in segments:
             if type(seg) is tuple:
@@ -348,8 +344,7 @@ class _Program:
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
         work = 3 * len(lay.scalar_part.arrays.code) + sum(
-            6 * op.rows * op.cols if type(op) is MatVec else 3 * (len(op.terms) if type(op) is Sum else 1)
-            for _, op in lay.lifted)
+            6 * op.rows * op.cols if type(op) is MatVec else loops.work(op) for _, op in lay.lifted)
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),

@@ -1,0 +1,173 @@
+"""C of a ``Loop``: one C ``for`` over its iterations, the body's statements
+those of the op table (``scalar.SCALAR_C``) with each slot's place written
+as a function of ``i``: ``v[812 + 7 * i]`` where the layout puts the
+iterations' slots in arithmetic progression, else read from a small table
+(``v[at0[i]]``).
+
+Forward runs ``i`` upwards and the body in order; backward runs ``i``
+downwards and the body in reverse, each op's contributions as its scalar
+statement adds them: the same roundings and the same order as the
+straight-line code of the ops the loop stands for. A loop is one C
+statement (a block) of the per-row functions, so that splitting a long
+function into chunks never cuts it.
+
+``forward_lines`` and ``backward_lines`` render a run of scalar ops,
+``Sum``, ``Dot`` and ``Loop`` ops (the folds: compiler/codegen/sums.py), for
+compiler/codegen/program.py.
+"""
+import numpy as np
+
+from compiler.codegen import sums
+from compiler.codegen.scalar import SCALAR_C
+from compiler.codegen.sums import Place
+from compiler.ir import Loop, Op, Sum, loop_slots
+
+
+# Loops per generated function at most: clang's loop passes take superlinear
+# time in the loops of one function (500 small loops: 2.0 s at -O1 in one
+# function, 0.7 s in functions of 10 to 50 loops).
+LOOPS_PER_FUNCTION = 16
+
+
+def function_runs(run):
+    """``run`` (the order to run) cut into consecutive parts of at most
+    ``LOOPS_PER_FUNCTION`` loops each; nothing when ``run`` is empty."""
+    parts, part, count = [], [], 0
+    for op in run:
+        n = 1 if type(op) is Loop else 0
+        if count + n > LOOPS_PER_FUNCTION:
+            parts.append(part)
+            part, count = [], 0
+        part.append(op)
+        count += n
+    return parts + ([part] if part else [])
+
+
+def work(op):
+    """About how many floating-point operations a scalar op, ``Sum``,
+    ``Dot`` or ``Loop`` does forward and backward (for the threads' share)."""
+    if type(op) is Loop:
+        return op.n * sum(work(b) for b in op.body)
+    if type(op) is Sum:
+        return 3 * len(op.terms)
+    if type(op) is Op:
+        return 3
+    return 6 * len(op.a)
+
+
+def forward_lines(run, scalar):
+    """The forward statements of ``run`` (in order)."""
+    return scalar.forward_lines(run, lambda op: forward(op, scalar) if type(op) is Loop
+                                else sums.forward(op, scalar))
+
+
+def backward_lines(run, scalar, flags):
+    """The backward statements of ``run`` (given in the order to run)."""
+    lines, part = [], []
+
+    def flush():
+        if part:
+            lines.extend(scalar.backward_lines(part, flags, lambda op: sums.backward(op, scalar, flags)))
+            part.clear()
+    for op in run:
+        if type(op) is Loop:
+            flush()
+            lines += backward(op, scalar, flags)
+        else:
+            part.append(op)
+    flush()
+    return lines
+
+
+class _Places:
+    """The C place (``sums.Place``) of every body slot of one loop as a
+    function of ``i``, and the tables of those whose places are not in
+    arithmetic progression (``v[at0[i]]``)."""
+
+    def __init__(self, op, scalar):
+        self.n, self.scalar, self.tables = op.n, scalar, []
+        self.where = [[self._place(s, d) for s, d in zip(loop_slots(body), step)]
+                      for body, step in zip(op.body, op.steps)]
+
+    def _place(self, slot, step):
+        texts = [self.scalar.value[slot + i * step] for i in range(self.n)]
+        arrays = {t[0] for t in texts}
+        assert len(arrays) == 1, "a loop slot moves between the rows and the shared values"
+        at = np.array([int(t[2:-1]) for t in texts], dtype=np.int64)
+        d = int(at[1] - at[0]) if self.n > 1 else 0
+        if np.array_equal(at, at[0] + d * np.arange(self.n)):
+            return Place(texts[0][0], int(at[0]), d, '')
+        name = f'at{len(self.tables)}'
+        self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at.tolist()))}}};')
+        return Place(texts[0][0], None, 0, f'{texts[0][0]}[{name}[i]]')
+
+    def value(self, j, k):
+        return self.where[j][k].at()
+
+    def grad(self, j, k):
+        """The place of the gradient of body op ``j``'s slot ``k``."""
+        p = self.where[j][k]
+        assert p.array == 'v', "a gradient outside the rows"
+        return p._replace(array='g', text=p.text.replace('v[', 'g[', 1))
+
+
+def forward(op, scalar):
+    """The loop's forward: one C statement (a block)."""
+    places = _Places(op, scalar)
+    body = []
+    for j, b in enumerate(op.body):
+        out = places.value(j, 0)
+        if type(b) is Op:
+            row = SCALAR_C[b.name]
+            args = [places.value(j, k) for k in range(1, 1 + len(b.args))]
+            expr = row.forward(args[0], args[1] if len(args) == 2 else '', b.k)
+            body.append(f'{out} = {expr};' + (f' /* {b.name} */' if row.comment else ''))
+        elif type(b) is Sum:
+            body += sums.fold_forward(out, places.where[j][1:])
+        else:
+            h, n = (1 if b.head is not None else 0), len(b.a)
+            where = places.where[j]
+            body += sums.dot_forward(out, where[1] if h else None, where[1 + h:1 + h + n], where[1 + h + n:])
+    return [_block(op, places, 'for (int i = 0; i < {n}; i++) {{', body)]
+
+
+def backward(op, scalar, flags):
+    """The loop's backward: one C statement (a block), or none when no body
+    op needs a gradient."""
+    places = _Places(op, scalar)
+    body = []
+    for j in reversed(range(len(op.body))):
+        b = op.body[j]
+        slots = loop_slots(b)
+        if not flags[slots[0]]:
+            continue
+        g = places.grad(j, 0).at()
+        if type(b) is Op:
+            a = places.value(j, 1)
+            bv = places.value(j, 2) if len(b.args) == 2 else ''
+            o = places.value(j, 0)
+            for operand, contribution, condition in SCALAR_C[b.name].grads:
+                if flags[slots[1 + operand]]:
+                    target, expr = places.grad(j, 1 + operand).at(), contribution(a, bv, o, g, b.k)
+                    body.append(f'if ({condition(a, bv)}) {target} += {expr};' if condition
+                                else f'{target} += {expr};')
+        elif type(b) is Sum:
+            # d sum / d t = 1 for every term, reached last to first
+            body += sums.fold_backward(g, [places.grad(j, k) if flags[slots[k]] else None
+                                           for k in range(1, len(slots))])
+        else:
+            h, n = (1 if b.head is not None else 0), len(b.a)
+            where = places.where[j]
+            grads = [places.grad(j, k) if flags[slots[k]] else None for k in range(len(slots))]
+            body += sums.dot_backward(g, grads[1] if h else None, where[1 + h:1 + h + n], where[1 + h + n:],
+                                      grads[1 + h:1 + h + n], grads[1 + h + n:])
+    if not body:
+        return []
+    return [_block(op, places, 'for (int i = {last}; i >= 0; i--) {{', body)]
+
+
+def _block(op, places, head, body):
+    lines = [f'{{   /* loop: {op.n} x {len(op.body)} ops */', *['    ' + t for t in places.tables],
+             sums.loop(head.format(n=op.n, last=op.n - 1), '    '),
+             *['        ' + line.replace('\n', '\n        ') for line in body], '    }', '}']
+    return '\n'.join(lines)

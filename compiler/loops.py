@@ -1,0 +1,386 @@
+"""The loop pass: dot products of computed values fused into ``Dot`` ops,
+then periodic stretches of a program re-rolled into ``Loop`` ops, keeping
+its results bit for bit.
+
+1. Dots (``fuse_dots``): a ``Sum`` whose terms, after an optional head, are
+   products ``a * b`` used by it alone becomes one ``Dot`` (attention's
+   ``q . k`` over a head, its weighted sums over the values, rmsnorm's sum
+   of squares), where moving the products to the fold moves no gradient
+   contribution (see ``fuse_dots``). Its C is a loop ``acc += a * b``.
+2. Loops: a stretch of consecutive ops is periodic when it is ``n``
+   repetitions of a body of ``p`` ops (scalar ops, ``Sum`` and ``Dot``) in
+   which each op is the same op as the one ``p`` before it (name, exponent,
+   operand count) and every slot moves by the same step from one
+   repetition to the next: an elementwise run (``p = 1``: residual adds,
+   ``exp`` over a softmax's logits, rmsnorm's scaling), a chain (``max``
+   over logits: each op reads the one before), or a pattern of several ops
+   (attention's ``q . k`` dot, its scaling and the running max, once per
+   earlier position; the weighted sums over ``v``, once per head dimension).
+
+Exactness of loops: a ``Loop`` runs exactly the ops it replaces in exactly
+their order (forward first to last, backward last to first), so no
+rounding and no gradient contribution moves: there is nothing to
+reschedule, and the order of every slot's gradient contributions is the
+interpreter's by construction (``vectorize._same_gradient_order`` is not
+needed). A stretch is lifted only where the C can be uniform over its
+iterations: each body slot needs a gradient in every iteration or in none,
+and is of one kind throughout (an input, a constant or a computed value).
+Ops reading a parameter stay scalar (their gradient contributions may be
+recorded per row, ``codegen/layout.py``); so do the ops writing the loss
+or a sequence's partial sums (``prefix_cuts`` finds those by their op), and
+no stretch crosses from the loss's cone into the outputs-only ops. Equal
+constants are one constant here: a body may read the first slot holding
+the same double where the op read another.
+
+How: the ops as arrays (one row of slots per op), and for every period
+``p`` up to ``MAX_PERIOD`` numpy finds, at every start, how far the
+repetition goes (an op equal to the one ``p`` before, a step equal to the
+one ``p`` before); then one greedy scan in op order takes at each op the
+period covering the most ops. Dots: the folds' terms in one array, the
+readers of every slot sorted by position (``searchsorted`` counts the
+readers between a product and its fold).
+"""
+import struct
+
+import numpy as np
+
+from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, MatVec, Op, Program, ScalarArrays, Sum, loop_slots,
+                         needs_grad, with_slots)
+
+MAX_PERIOD = 32         # ops per body at most
+MAX_TERMS = 32          # terms (products) of a Sum (Dot) a body may hold
+MIN_ITERATIONS = 3      # fewer repetitions stay as they are
+MIN_OPS = 4             # and so do shorter stretches
+MAX_CELLS = 1 << 24     # slots of the ops' table at most (int64: 128 MiB)
+
+_SUM = len(OP_NAMES)    # the kinds of a Sum and a Dot (after the scalar ops' codes)
+_DOT = _SUM + 1
+_INPUT, _PARAM, _CONST, _COMPUTED, _NONE = range(5)
+
+
+def lift_loops(program):
+    """``Program -> Program`` with periodic stretches of ops as ``Loop`` ops."""
+    if 'loops' in program.passes or program.n_ops < MIN_OPS:
+        return program
+    # A sequence's positions stay self-contained (ir.prefixes_hold): a fold
+    # and its products lie in one position (a product is in its fold's cone
+    # only), and no loop crosses the op writing a partial sum.
+    program = fuse_dots(program)
+    units = _Units(program)
+    loops = _find_loops(units)
+    if loops:
+        return _rebuild(program, units, loops)
+    if 'dots' in program.passes:
+        program.passes += ('loops',)       # (fuse_dots made it: ours to name)
+    return program
+
+
+class _Units:
+    """The program's ops as arrays: ``kind`` (an op code, ``_SUM``, or -1:
+    never in a loop), ``slots`` (the output, then the operands; unused
+    columns 0, constants as the first slot of their value) and ``sig`` (ops
+    that may repeat each other have the same; -1: none)."""
+
+    def __init__(self, program):
+        self.program = program
+        arrays, lifted = _parts(program)
+        self.arrays, self.lifted = arrays, lifted
+        n_scalar = len(arrays.code)
+        self.n = n = n_scalar + len(lifted)
+        at_lifted = np.array([i for i, _ in lifted], dtype=np.int64)
+        is_scalar = np.ones(n, dtype=bool)
+        is_scalar[at_lifted] = False
+        self.scalar_at = np.flatnonzero(is_scalar)       # position of each scalar op
+        self.lifted_at = dict(lifted)
+        folds = [(i, op, len(loop_slots(op))) for i, op in lifted if type(op) in (Sum, Dot)]
+        width = 2 + 2 * MAX_TERMS            # a fold in a body has at most this many slots
+        while width > 3 and n * width > MAX_CELLS:
+            width //= 2                      # (a huge program: only shorter folds in bodies)
+        sums = [(i, op) for i, op, w in folds if w <= width]
+        width = max([3] + [w for _, _, w in folds if w <= width])
+        slots = np.zeros((n, width), dtype=np.int64)
+        used = np.zeros((n, width), dtype=bool)
+        kind = np.full(n, -1, dtype=np.int64)
+        # the scalar ops
+        binary = arrays.b >= 0
+        kind[self.scalar_at] = arrays.code
+        slots[self.scalar_at, 0] = arrays.out
+        slots[self.scalar_at, 1] = arrays.a
+        slots[self.scalar_at, 2] = np.where(binary, arrays.b, 0)
+        used[self.scalar_at, :2] = True
+        used[self.scalar_at, 2] = binary
+        exponent = np.zeros(n, dtype=np.int64)          # which exponent of '**' (0: none)
+        if arrays.k:
+            ids = {}
+            which = np.array(sorted(arrays.k), dtype=np.int64)
+            exponent[self.scalar_at[which]] = [1 + ids.setdefault(arrays.k[i].hex(), len(ids))
+                                               for i in which.tolist()]
+        # the short folds
+        for i, op in sums:
+            kind[i] = _SUM if type(op) is Sum else _DOT
+            row = loop_slots(op)
+            slots[i, :len(row)] = row
+            used[i, :len(row)] = True
+        # what each slot is, and whether it needs a gradient
+        leaves, p0, p1 = program.n_leaves, program.param_start, program.param_end
+        cls = np.where(slots < program.n_inputs, _INPUT, np.where(slots < p1, _PARAM,
+                       np.where(slots < leaves, _CONST, _COMPUTED)))
+        cls[~used] = _NONE
+        needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
+        flag = np.where(used, needs[slots], 0)
+        slots = np.where(cls == _CONST, _first_of_value(program)[np.where(cls == _CONST, slots - p0, 0)], slots)
+        slots[~used] = 0
+        # never in a loop: a parameter read, the loss and the partial sums
+        kind[np.any(cls == _PARAM, axis=1)] = -1
+        ends = np.array([program.loss, *program.prefix_sums], dtype=np.int64)
+        kind[np.isin(slots[:, 0], ends) & (kind >= 0)] = -1
+        cone = np.arange(n) < program.n_grad_ops
+        # what must repeat, packed (4 bits a slot) so that grouping rows is cheap
+        code = cls * 2 + flag
+        code = np.pad(code, ((0, 0), (0, -code.shape[1] % 15)))
+        packed = (code.reshape(n, -1, 15) << (4 * np.arange(15))).sum(axis=2)
+        features = np.column_stack([(kind + 1) | cone << 8 | exponent << 9, packed])
+        _, sig = np.unique(features, axis=0, return_inverse=True)
+        self.sig = np.where(kind >= 0, sig.reshape(-1), -1)
+        self.kind, self.slots, self.used = kind, slots, used
+
+    def op(self, i, at):
+        """Unit ``i`` as an ``Op``, ``Sum`` or ``Dot`` over the slots ``at`` (a row of ``slots``)."""
+        if self.kind[i] >= _SUM:
+            return with_slots(self.lifted_at[i], [int(s) for s in at[:self.width(i)]])
+        j = int(np.searchsorted(self.scalar_at, i))
+        arrays = self.arrays
+        args = (int(at[1]), int(at[2])) if arrays.b[j] >= 0 else (int(at[1]),)
+        return Op(OP_NAMES[arrays.code[j]], int(at[0]), args, arrays.k.get(j))
+
+    def width(self, i):
+        return int(self.used[i].sum())
+
+
+def _first_of_value(program):
+    """For each constant (slot - param_start; parameters map to themselves),
+    the first constant slot holding the same double (the same bits)."""
+    p0, p1 = program.param_start, program.param_end
+    first = {}
+    out = np.arange(p0, program.n_leaves, dtype=np.int64)
+    for s, v in program.constants.items():
+        out[s - p0] = first.setdefault(struct.pack('<d', v), s)
+    assert p1 - p0 == program.n_params
+    return out
+
+
+def _next_false(mask):
+    """``out[j]``: the first index ``>= j`` where ``mask`` is false (``len(mask)``
+    if none), with ``out[len(mask)] = len(mask)``."""
+    n = len(mask)
+    at = np.where(mask, n, np.arange(n))
+    return np.r_[np.minimum.accumulate(at[::-1])[::-1], n]
+
+
+def _find_loops(units):
+    """``[(start, period, iterations)]``: the stretches to lift, in order.
+
+    A step of one op from the op ``p`` before it is a row of slot
+    differences; rows are compared by a linear hash (``H(x - y) = H(x) -
+    H(y)``, modulo 2**64: one subtraction a period), and each stretch taken
+    is then checked row by row and cut where the hash was wrong."""
+    n, sig, slots = units.n, units.sig, units.slots
+    weights = np.random.default_rng(0).integers(1, 2 ** 63, size=slots.shape[1], dtype=np.uint64) | np.uint64(1)
+    hashed = (slots.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    starts = np.arange(n)
+    loopable_to = _next_false(sig >= 0)
+    best = np.zeros(n, dtype=np.int64)
+    best_p = np.zeros(n, dtype=np.int64)
+    for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
+        same = np.zeros(n, dtype=bool)
+        same[p:] = (sig[p:] == sig[:-p]) & (sig[p:] >= 0)
+        step = hashed[p:] - hashed[:-p]
+        same_step = np.zeros(n, dtype=bool)
+        same_step[2 * p:] = step[p:] == step[:-p]
+        end = np.minimum(_next_false(same)[np.minimum(starts + p, n)],
+                         _next_false(same_step)[np.minimum(starts + 2 * p, n)])
+        iterations = (end - starts) // p
+        cover = np.where((iterations >= MIN_ITERATIONS) & (loopable_to[:n] >= starts + p), iterations * p, 0)
+        better = cover > best
+        best[better], best_p[better] = cover[better], p
+    loops, at = [], 0
+    for s in np.flatnonzero(best >= MIN_OPS).tolist():
+        if s < at:
+            continue
+        p = int(best_p[s])
+        k = _checked(slots, s, p, int(best[s]) // p)
+        if k >= MIN_ITERATIONS and k * p >= MIN_OPS:
+            loops.append((s, p, k))
+            at = s + k * p
+    return loops
+
+
+def _checked(slots, s, p, k):
+    """How many of the ``k`` iterations from ``s`` repeat the first's steps exactly."""
+    rows = slots[s:s + k * p].reshape(k, p, -1)
+    steps = rows[1:] - rows[:-1]
+    good = np.all(steps == steps[0], axis=(1, 2))
+    return 1 + int(np.argmin(good)) if not good.all() else k
+
+
+def _rebuild(program, units, loops):
+    """The program with each stretch replaced by its ``Loop``."""
+    n = units.n
+    inside = np.zeros(n + 1, dtype=np.int64)
+    for s, p, k in loops:
+        inside[s] += 1
+        inside[s + p * k] -= 1
+    absorbed = np.cumsum(inside[:n]) > 0
+    loop_at = {s: (p, k) for s, p, k in loops}
+    lifted_at = units.lifted_at
+    keep = ~absorbed
+    keep[[s for s, _, _ in loops]] = True       # each loop takes its first op's place
+    new_position = np.cumsum(keep) - 1
+    # scalar ops that stay
+    arrays = units.arrays
+    stays = ~absorbed[units.scalar_at]
+    where = np.flatnonzero(stays)
+    k_new = {}
+    if arrays.k:
+        index = np.full(len(arrays.code), -1, dtype=np.int64)
+        index[where] = np.arange(len(where))
+        k_new = {int(index[i]): v for i, v in arrays.k.items() if index[i] >= 0}
+    scalar = ScalarArrays(code=arrays.code[where], out=arrays.out[where], a=arrays.a[where],
+                          b=arrays.b[where], k=k_new)
+    lifted = []
+    for i in np.flatnonzero(keep & ~np.isin(np.arange(n), units.scalar_at[where])).tolist():
+        if i in loop_at:
+            p, k = loop_at[i]
+            body = tuple(units.op(j, units.slots[j]) for j in range(i, i + p))
+            steps = tuple(tuple((units.slots[j + p] - units.slots[j])[:units.width(j)].tolist())
+                          for j in range(i, i + p))
+            op = Loop(k, body, steps)
+        else:
+            op = lifted_at[i]
+        lifted.append((int(new_position[i]), op))
+    n_grad_ops = int(keep[:program.n_grad_ops].sum())
+    out = Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+                  constants=program.constants, arrays=scalar, lifted=tuple(lifted), n_grad_ops=n_grad_ops,
+                  loss=program.loss, outputs=program.outputs, passes=program.passes + ('loops',),
+                  slot_map=program.slot_map, param_order=program.param_order, graph_hash=program.graph_hash,
+                  input_grads=program.input_grads, labels=program.labels, prefix_sums=program.prefix_sums)
+    out.known_needs_grad = bytes(needs_grad(program))
+    return out
+
+
+# -- dot products of activations ---------------------------------------------------
+
+_TIMES = OP_CODES['*']
+
+
+def _parts(program):
+    """``(scalar arrays, [(position, lifted op)])`` of any program."""
+    if program.arrays is not None:
+        return program.arrays, list(program.lifted)
+    ops = program.ops
+    return (ScalarArrays.from_ops([op for op in ops if type(op) is Op]),
+            [(i, op) for i, op in enumerate(ops) if type(op) is not Op])
+
+
+def fuse_dots(program):
+    """``Program -> Program`` with each ``Sum`` of products ``a * b`` (after
+    an optional head) fused with those products into a ``Dot``, where that
+    moves no gradient contribution: each product is used by the fold alone,
+    reads no parameter, the products come in the fold's order, and no other
+    op between a product and the fold reads the product's operands (where
+    they need a gradient). Backward then reaches every operand in the order
+    the ``*`` ops did (see ``Dot``)."""
+    arrays, lifted = _parts(program)
+    n_scalar = len(arrays.code)
+    n = n_scalar + len(lifted)
+    is_scalar = np.ones(n, dtype=bool)
+    is_scalar[[i for i, _ in lifted]] = False
+    scalar_at = np.flatnonzero(is_scalar)
+    # who reads each slot, by position
+    # (a MatVec's weights are parameters: no product reads them)
+    reads = [np.arange(op.x0, op.x0 + op.cols).tolist() + list(op.heads or ()) if type(op) is MatVec else op.reads
+             for _, op in lifted]
+    binary = arrays.b >= 0
+    slots = np.concatenate([arrays.a, arrays.b[binary], np.fromiter((s for r in reads for s in r), dtype=np.int64)])
+    where = np.concatenate([scalar_at, scalar_at[binary],
+                            np.repeat(np.array([i for i, _ in lifted], dtype=np.int64), [len(r) for r in reads])])
+    order = np.lexsort((where, slots))
+    slots, where = slots[order], where[order]
+    key = slots * (n + 1) + where                  # readers, by slot then position
+    ends = np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)
+    uses = np.bincount(np.r_[slots, ends], minlength=program.n_slots)
+    needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
+    producer = np.full(program.n_slots, -1, dtype=np.int64)      # scalar op index of each slot
+    producer[arrays.out] = np.arange(n_scalar)
+    p0, p1 = program.param_start, program.param_end
+    product = np.zeros(program.n_slots, dtype=bool)              # a fusable product's slot
+    product[arrays.out] = ((arrays.code == _TIMES) & (uses[arrays.out] == 1)
+                           & ~((arrays.a >= p0) & (arrays.a < p1)) & ~((arrays.b >= p0) & (arrays.b < p1)))
+    not_fused = set(program.prefix_sums)         # prefix_cuts finds these by their Op or Sum
+    folds = [(i, op) for i, op in lifted if type(op) is Sum and op.out not in not_fused]
+    if not folds or not product.any():
+        return program
+    # every fold's terms in one array; a fold is a candidate when all its
+    # terms but a first one (the head, not a parameter) are products
+    lengths = np.array([len(op.terms) for _, op in folds])
+    start = np.cumsum(lengths) - lengths
+    terms = np.concatenate([op.terms for _, op in folds]).astype(np.int64)
+    fold_of = np.repeat(np.arange(len(folds)), lengths)
+    is_product = product[terms]
+    head = ~is_product[start]
+    first_product = start + head
+    ok = (lengths - head >= 2) & ~(head & (terms[start] >= p0) & (terms[start] < p1))
+    position = np.arange(len(terms))
+    in_products = position >= first_product[fold_of]
+    ok &= np.add.reduceat(in_products & ~is_product, start) == 0
+    # the products in the fold's order, and nothing between a product and the
+    # fold reading its operands but the fold's later products
+    k = np.where(in_products & is_product, producer[terms], 0)
+    q = scalar_at[k]
+    fold_at = np.array([i for i, _ in folds], dtype=np.int64)
+    later = (np.r_[q[1:] > q[:-1], True] | ~in_products | ~np.r_[in_products[1:], False]
+             | (np.r_[fold_of[1:], -1] != fold_of))
+    ok &= np.logical_and.reduceat(later, start)
+    entry = np.flatnonzero(in_products & ok[fold_of])
+    if len(entry):
+        fold_e = np.r_[fold_of[entry], fold_of[entry]]
+        q_e = np.r_[q[entry], q[entry]]
+        x_e = np.r_[arrays.a[k[entry]], arrays.b[k[entry]]]
+        s_e = fold_at[fold_e]
+        total = np.searchsorted(key, x_e * (n + 1) + s_e, 'left') - np.searchsorted(key, x_e * (n + 1) + q_e, 'right')
+        # reads of x by this fold's products after this one
+        _, group = np.unique(fold_e * program.n_slots + x_e, return_inverse=True)
+        span = int(q_e.max()) + 2
+        c = group.reshape(-1) * span + q_e
+        c_sorted = np.sort(c)
+        same = (np.searchsorted(c_sorted, group.reshape(-1) * span + span - 1, 'left')
+                - np.searchsorted(c_sorted, c, 'right'))
+        bad = needs[x_e] & (total != same)
+        ok[np.unique(fold_e[bad])] = False
+    fused, absorbed = {}, []
+    for f in np.flatnonzero(ok).tolist():
+        i, op = folds[f]
+        ks = k[first_product[f]:start[f] + lengths[f]]
+        fused[i] = Dot(op.out, int(terms[start[f]]) if head[f] else None, arrays.a[ks].tolist(), arrays.b[ks].tolist())
+        absorbed.append(ks)
+    if not fused:
+        return program
+    gone = np.zeros(n_scalar, dtype=bool)
+    gone[np.concatenate(absorbed)] = True
+    keep = np.ones(n, dtype=bool)
+    keep[scalar_at[gone]] = False
+    new_position = np.cumsum(keep) - 1
+    stay = np.flatnonzero(~gone)
+    index = np.full(n_scalar, -1, dtype=np.int64)
+    index[stay] = np.arange(len(stay))
+    scalar = ScalarArrays(code=arrays.code[stay], out=arrays.out[stay], a=arrays.a[stay], b=arrays.b[stay],
+                          k={int(index[i]): v for i, v in arrays.k.items() if index[i] >= 0})
+    new_lifted = tuple((int(new_position[i]), fused.get(i, op)) for i, op in lifted)
+    out = Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+                  constants=program.constants, arrays=scalar, lifted=new_lifted,
+                  n_grad_ops=int(keep[:program.n_grad_ops].sum()), loss=program.loss, outputs=program.outputs,
+                  passes=program.passes + ('dots',), slot_map=program.slot_map,
+                  param_order=program.param_order, graph_hash=program.graph_hash,
+                  input_grads=program.input_grads, labels=program.labels, prefix_sums=program.prefix_sums)
+    out.known_needs_grad = bytes(needs_grad(program))
+    return out
