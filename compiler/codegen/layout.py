@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from compiler.codegen.scalar import SCALAR_C
 from compiler.constants import MV_NR, ROW_ALIGN
-from compiler.ir import MatVec, Op, Sum
+from compiler.ir import MatVec, Op, Sum, unfolded
 
 # Scalar parameter uses per row that a program may record; above this the
 # contributions would cost more memory than threads gain, and the program
@@ -62,7 +62,7 @@ class Layout:
     def __init__(self, program, flags):
         self.program = program
         n_in, n_leaves = program.n_inputs, program.n_leaves
-        self.matvecs = [op for op in program.ops if type(op) is MatVec]
+        self.matvecs = [op for op in unfolded(program.ops) if type(op) is MatVec]   # (a MatMat's uses too)
         blocks = {}                         # weight block start slot -> (R, C)
         for op in self.matvecs:
             blocks[op.wt0] = (op.rows, op.cols)

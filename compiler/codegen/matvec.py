@@ -8,6 +8,7 @@ within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 """
 from compiler.codegen.layout import PANEL, round_up
+from compiler.ir import unfolded
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
 
@@ -32,12 +33,12 @@ class MatVecRenderer:
         self.program, self.layout, self.flags = program, layout, flags
         self.ops = layout.matvecs
         self.name = {id(op): f'matvec{i + 1}' for i, op in enumerate(self.ops)}
-        grad_ops = {id(op) for op in program.grad_ops}
+        grad_ops = {id(op) for op in unfolded(program.grad_ops)}   # (a MatMat's uses too)
         self.has_backward = {id(op) for op in self.ops
                              if id(op) in grad_ops and any(flags[o] for o in op.writes)}
         # the uses of each weight block, in the order backward reaches them
         self.uses = {}
-        for op in reversed(program.grad_ops):
+        for op in reversed(list(unfolded(program.grad_ops))):
             if id(op) in self.has_backward:
                 self.uses.setdefault(op.wt0, []).append(op)
         self.block_rows = block_rows

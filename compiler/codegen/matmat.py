@@ -1,0 +1,134 @@
+"""C of a ``MatMat`` (one matrix applied at every position of a sequence):
+the positions run are the loop kernels' rows.
+
+The MatVec loop kernels (``templates/kernels_body.c``, through ``b->k``) run
+``y = heads + W x`` over rows ``r0..r1`` whose ``x`` and ``y`` are ``ldx``
+and ``ldy`` doubles apart, keeping each panel of W in L1 while every row's
+sums run over it. When the positions' ``x`` (and ``y``) lie a constant
+distance apart in a row (the layout puts each position's blocks in the
+same order), one call with that distance as the stride and the positions
+run (``b->upto``, at most the op's) as the rows computes every position
+and reads W once; each output is the same left fold as the ``MatVec``'s,
+so the bits are its bits. The input gradient is the same, over the
+positions' ``gy`` and ``gx``. The weight gradient is the ``MatVec``
+renderer's: one reduction over a block's rows and the uses, in backward
+order (compiler/codegen/matvec.py).
+
+Where the blocks are not evenly spaced, or the uses differ in what they
+share (their heads), each use runs as its own ``MatVec`` when its
+position does.
+"""
+from compiler.codegen.matvec import is_strided
+from compiler.ir import MatMat
+
+
+class MatMatRenderer:
+    """Names, wrappers and calls of a program's ``MatMat`` ops; ``matvecs``
+    (a ``MatVecRenderer``) names their uses and holds their aux places."""
+
+    def __init__(self, program, layout, flags, matvecs):
+        self.program, self.layout, self.flags, self.matvecs = program, layout, flags, matvecs
+        self.ops = [op for op in program.ops if type(op) is MatMat]
+        self.name = {id(op): f'matmat{i + 1}' for i, op in enumerate(self.ops)}
+        self.plan = {id(op): self._plan(op) for op in self.ops}
+
+    def _plan(self, op):
+        """How ``op`` runs: ``None`` (use by use), else the row places and
+        strides of its x and y and what its uses share."""
+        lay, uses = self.layout, op.uses
+        x = is_strided([lay.row_index(u.x0) for u in uses])
+        y = is_strided([lay.row_index(u.y0) for u in uses])
+        aux = {lay.aux[id(u)] for u in uses}
+        row_heads = bool(uses[0].heads) and lay.aux[id(uses[0])].heads < 0
+        backward = {id(u) in self.matvecs.has_backward for u in uses}
+        inputs = {u.x0 < self.program.n_inputs for u in uses}
+        if not (x and y) or len(backward) != 1 or len(inputs) != 1:
+            return None
+        if len(aux) != 1 and not (row_heads and len({a.bgx for a in aux}) == 1):
+            return None
+        return dict(x=x, y=y, row_heads=row_heads, backward=backward.pop())
+
+    def functions(self):
+        """The C wrappers of every ``MatMat`` that runs as one."""
+        out = []
+        for op in self.ops:
+            plan = self.plan[id(op)]
+            if plan is None:
+                continue
+            out.append(self._forward(op, plan))
+            if plan['backward']:
+                out.append(self._backward(op, plan))
+        return out
+
+    def _count(self, op):
+        T = len(op.uses)
+        return f'    const int n = b->upto < {T} ? b->upto : {T};   /* the positions run */'
+
+    def _forward(self, op, plan):
+        lay, first = self.layout, op.uses[0]
+        name, a, wa = self.name[id(op)], lay.aux[id(first)], lay.weight_aux[first.wt0]
+        (x0, xs), (y0, ys) = plan['x'], plan['y']
+        lines = [f'/* {op} */', f'static void\n{name}_forward(const Block *b, int r0, int r1, void *scratch)\n{{',
+                 self._count(op), '    const double *restrict p = b->p;',
+                 '    for (int r = r0; r < r1; r++) {', '        double *restrict v = ROW(b->v, r);']
+        if not first.heads:
+            start, hp = 1, 'NULL'
+        elif not plan['row_heads']:
+            start, hp = 0, f'b->aux + {a.heads}'
+        else:   # heads in the rows: each position's sums start from what its y holds
+            start, hp = 2, 'NULL'
+            for t, u in enumerate(op.uses):
+                y = lay.row_index(u.y0)
+                lines += [f'        if (n > {t}) {{',
+                          *[f'            v[{y + k}] = {lay.value[h]};' for k, h in enumerate(u.heads)],
+                          '        }']
+        lines += [f'        b->k->fwd(b->aux + {wa.panels}, {hp}, {first.rows}, {first.cols}, {start}, '
+                  f'b->aux[{a.skip}] != 0.0, v + {x0}, {xs}, v + {y0}, {ys}, 0, n, scratch);',
+                  '    }', '    (void)p;', '}']
+        return '\n'.join(lines)
+
+    def _backward(self, op, plan):
+        """Per row: the gradients of heads in the rows, then of every position's x."""
+        lay, first = self.layout, op.uses[0]
+        name, a, wa = self.name[id(op)], lay.aux[id(first)], lay.weight_aux[first.wt0]
+        (x0, xs), (y0, ys) = plan['x'], plan['y']
+        lines = [f'static void\n{name}_backward(const Block *b, int r0, int r1, void *scratch)\n{{',
+                 self._count(op), '    for (int r = r0; r < r1; r++) {',
+                 '        double *restrict g = ROW(b->g, r);', '        (void)g;']
+        for t, u in enumerate(op.uses):
+            heads = [(k, h) for k, h in enumerate(u.heads or ()) if lay.is_row(h) and self.flags[h]]
+            if heads:
+                y = lay.row_index(u.y0)
+                lines += [f'        if (n > {t}) {{', *[f'            {lay.grad[h]} += g[{y + k}];' for k, h in heads],
+                          '        }']
+        if first.grad_x:
+            guard = '        if (b->input_grads)\n    ' if first.x0 < self.program.n_inputs else ''
+            lines.append(f'{guard}        b->k->bgx(b->aux + {a.bgx}, {self.matvecs.name[id(first)]}_order, '
+                         f'{first.rows}, {first.cols}, b->aux[{wa.finite}] != 0.0, g + {y0}, {ys}, g + {x0}, {xs}, '
+                         '0, n, scratch);')
+        lines += ['    }', '}']
+        return '\n'.join(lines)
+
+    def forward_call(self, op):
+        """The statements running ``op`` forward over rows r0..r1."""
+        if self.plan[id(op)] is None:
+            return self._each_use(op, lambda u: [self.matvecs.forward_call(u)])
+        return [f'{self.name[id(op)]}_forward(b, r0, r1, scratch);   /* {len(op.uses)} positions at once */']
+
+    def backward_call(self, op):
+        plan = self.plan[id(op)]
+        if plan is None:
+            return self._each_use(op, lambda u: [self.matvecs.backward_call(u)]
+                                  if id(u) in self.matvecs.has_backward else [], reverse=True)
+        if not plan['backward']:
+            return []
+        return [f'{self.name[id(op)]}_backward(b, r0, r1, scratch);   /* backward of {self.name[id(op)]} */']
+
+    def _each_use(self, op, calls, reverse=False):
+        steps = []
+        order = reversed(list(enumerate(op.uses))) if reverse else enumerate(op.uses)
+        for t, u in order:
+            body = calls(u)
+            if body:
+                steps += [f'if (b->upto > {t}) {{', *['    ' + s for s in body], '}']
+        return steps
