@@ -11,8 +11,7 @@ layer's inputs: run layer by layer, the positions' products can all be done
 at once, reading the matrix once.
 
 1. Groups: the ``MatVec`` ops of one weight block, one at each of the
-   positions ``0..k-1`` (in order), of one shape, with the same backward
-   order of rows.
+   positions ``0..k-1`` (in order), of one shape.
 2. Stages: for each op, the number of groups on the longest path of data
    that reaches it, a group counting once for all its positions (it runs
    when its last position's input is ready). A group on a path to one of
@@ -121,8 +120,7 @@ class _Sequence:
             first = ops[0]
             if (len(members) >= 2 and self.position[members].tolist() == list(range(len(members)))
                     and all(op.rows == first.rows and op.cols == first.cols and op.grad_x == first.grad_x
-                            and op.bwd_rows == first.bwd_rows and (op.heads is None) == (first.heads is None)
-                            for op in ops)):
+                            and (op.heads is None) == (first.heads is None) for op in ops)):
                 groups.append(members)
         return groups
 

@@ -44,9 +44,29 @@ class MatMatRenderer:
         inputs = {u.x0 < self.program.n_inputs for u in uses}
         if not (x and y) or len(backward) != 1 or len(inputs) != 1:
             return None
-        if len(aux) != 1 and not (row_heads and len({a.bgx for a in aux}) == 1):
+        if len({(a.heads, a.skip) for a in aux}) != 1 and not row_heads and not self._same_heads(uses):
             return None
-        return dict(x=x, y=y, row_heads=row_heads, backward=backward.pop())
+        # the input gradient's calls: one per run of positions with one
+        # backward order of rows (microgpt's first position has its own)
+        bgx = []
+        for t, u in enumerate(uses):
+            if bgx and lay.aux[id(u)].bgx == lay.aux[id(bgx[-1][2])].bgx:
+                bgx[-1][1] = t + 1
+            else:
+                bgx.append([t, t + 1, u])
+        return dict(x=x, y=y, row_heads=row_heads, backward=backward.pop(), bgx=bgx)
+
+    def _same_heads(self, uses):
+        """Whether the uses' heads always hold the same numbers: the same
+        slots, or constants of the same value (each ``sum()`` starts from a
+        constant 0 of its own), so that the first use's padded heads and
+        skip flag serve them all."""
+        constants = self.program.constants
+
+        def key(h):
+            return ('constant', constants[h].hex()) if h in constants else ('slot', h)
+        first = [key(h) for h in uses[0].heads]
+        return all([key(h) for h in u.heads] == first for u in uses[1:])
 
     def functions(self):
         """The C wrappers of every ``MatMat`` that runs as one."""
@@ -103,9 +123,11 @@ class MatMatRenderer:
                           '        }']
         if first.grad_x:
             guard = '        if (b->input_grads)\n    ' if first.x0 < self.program.n_inputs else ''
-            lines.append(f'{guard}        b->k->bgx(b->aux + {a.bgx}, {self.matvecs.name[id(first)]}_order, '
-                         f'{first.rows}, {first.cols}, b->aux[{wa.finite}] != 0.0, g + {y0}, {ys}, g + {x0}, {xs}, '
-                         '0, n, scratch);')
+            for t0, t1, u in plan['bgx']:    # (rows t0..t1 run none when n <= t0)
+                rows = 'n' if t1 == len(op.uses) else f'(n < {t1} ? n : {t1})'
+                lines.append(f'{guard}        b->k->bgx(b->aux + {lay.aux[id(u)].bgx}, {self.matvecs.name[id(u)]}_order, '
+                             f'{first.rows}, {first.cols}, b->aux[{wa.finite}] != 0.0, g + {y0}, {ys}, g + {x0}, '
+                             f'{xs}, {t0}, {rows}, scratch);')
         lines += ['    }', '}']
         return '\n'.join(lines)
 
