@@ -159,22 +159,26 @@ def test_train_batch_of_sequences_is_the_interpreters_at_every_thread_count(thre
 V, E, T = 4, 4, 5
 
 
-def rnn_case(seed=0, fed_back=True, some_positions=False):
+def rnn_case(seed=0, fed_back=True, some_positions=False, bias=False):
     """A recurrence over T positions: h[t] = tanh(U x[t] + a[t-1]), a[t] =
     W h[t], the logits a[t] (W on its own result: a cycle, kept per
     position), or without ``fed_back`` h[t] = tanh(U x[t]); with
-    ``some_positions`` a matrix S on h of the first two positions only."""
+    ``some_positions`` a matrix S on h of the first two positions only;
+    with ``bias`` U's sums start from values of their own position (heads
+    in the rows), tanh(x[t][r] * q[r])."""
     rng = random.Random(seed)
 
     def build(n, inputs, params):
         U = [params[r * V:(r + 1) * V] for r in range(E)]
         W = [params[V * E + r * E:V * E + (r + 1) * E] for r in range(E)]
         S = [params[V * E + E * E + r * E:V * E + E * E + (r + 1) * E] for r in range(E)]
+        q = params[V * E + 2 * E * E:]
         a = None
         losses, logits = [], []
         for t in range(n):
             x = inputs[t * V:(t + 1) * V]
-            u = [sum(w * xi for w, xi in zip(row, x)) for row in U]
+            c = [(xi * qi + 0.5).tanh() for xi, qi in zip(x, q)] if bias else [0] * E
+            u = [sum((w * xi for w, xi in zip(row, x)), ci) for row, ci in zip(U, c)]
             h = [(ui + ai).tanh() for ui, ai in zip(u, a)] if fed_back and a else [ui.tanh() for ui in u]
             if some_positions and t < 2:
                 h = [sum(w * hi for w, hi in zip(row, h)).relu() for row in S]
@@ -182,7 +186,7 @@ def rnn_case(seed=0, fed_back=True, some_positions=False):
             logits += a
             losses.append(cross_entropy(a, inputs[T * V + t * V:T * V + (t + 1) * V]))
         return losses, logits
-    return build, [rng.gauss(0, 0.7) for _ in range(V * E + 2 * E * E)]
+    return build, [rng.gauss(0, 0.7) for _ in range(V * E + 2 * E * E + (E if bias else 0))]
 
 
 def assert_rnn_matches(build, values, cc, rng, ns):
@@ -218,6 +222,14 @@ def test_a_recurrence_keeps_its_fed_back_matrix_per_position(fed_back):
     # U (on the inputs) at once; W, on its own result, one position at a time
     assert [len(op.uses) for op in matmats] == ([T] if fed_back else [T, T])
     assert len(per_position) == (T if fed_back else 0)
+
+
+def test_heads_computed_at_each_position_start_that_positions_sums():
+    build, values = rnn_case(fed_back=False, bias=True, seed=2)
+    m = assert_rnn_matches(build, values, FAST_CC, random.Random(4), [T, 2, 1, T, 3])
+    matmats = [op for op in m.program.ops if type(op) is MatMat]
+    assert len(matmats) == 2 and m.source.count('positions at once */') == 2
+    assert all(h >= m.program.n_leaves for u in matmats[0].uses for h in u.heads)    # in the rows
 
 
 def test_a_matrix_on_the_first_positions_only_runs_on_those_run():

@@ -18,7 +18,9 @@ Where the blocks are not evenly spaced, or the uses differ in what they
 share (their heads), each use runs as its own ``MatVec`` when its
 position does.
 """
-from compiler.codegen.matvec import is_strided
+from compiler.codegen.layout import PANEL, round_up
+from compiler.codegen.matvec import is_strided, weight_groups
+from compiler.constants import MV_BGW_MK as GROUP
 from compiler.ir import MatMat
 
 
@@ -31,6 +33,11 @@ class MatMatRenderer:
         self.ops = [op for op in program.ops if type(op) is MatMat]
         self.name = {id(op): f'matmat{i + 1}' for i, op in enumerate(self.ops)}
         self.plan = {id(op): self._plan(op) for op in self.ops}
+        # the gradients of the weights that only a MatMat running as one uses:
+        # over the positions run (the MatVec renderer's would add all of them)
+        self.weights = [op for op in self.ops if self.plan[id(op)] is not None
+                        and matvecs.uses.get(op.uses[0].wt0) == list(reversed(op.uses))]
+        matvecs.taken.update(op.uses[0].wt0 for op in self.weights)
 
     def _plan(self, op):
         """How ``op`` runs: ``None`` (use by use), else the row places and
@@ -78,7 +85,56 @@ class MatMatRenderer:
             out.append(self._forward(op, plan))
             if plan['backward']:
                 out.append(self._backward(op, plan))
-        return out
+        return out + [self._weight_grad(op) for op in self.weights]
+
+    def _weight_grad(self, op):
+        """The gradients of W (and of parameter heads) over a block's rows
+        and, within a row, over the positions run in backward order (the
+        last first), as ``MatVecRenderer._weight_grad`` over all the uses;
+        this part's share of them."""
+        first, T, name = op.uses[0], len(op.uses), self.name[id(op)]
+        R, C, RP = first.rows, first.cols, round_up(first.rows, PANEL)
+        groups = weight_groups(C)
+        uses = list(reversed(op.uses))
+        pairs = ', '.join(f'{self.layout.row_index(u.x0)}, {self.layout.row_index(u.y0)}' for u in uses)
+        lines = [f'static const int {name}_groups[{len(groups) * GROUP}] = {{'
+                 + ', '.join(str(c) for g in groups for c in g) + '};',
+                 f'static void\n{name}_weight_grad(const Block *b, int rows, int part, int parts, void *scratch)\n{{',
+                 f'    static const int uses[{2 * T}] = {{{pairs}}};   /* x, y of each position, the last first */',
+                 self._count(op), f'    const int U0 = {T} - n, PANELS = {RP // PANEL}, GROUPS = {len(groups)};',
+                 '    const double **xrow = (const double **)scratch, **gyrow = xrow + rows * n;',
+                 '    void *rest = (void *)(gyrow + rows * n);',
+                 '    for (int r = 0; r < rows; r++)',
+                 '        for (int u = 0; u < n; u++) {',
+                 '            xrow[r * n + u] = ROW(b->v, r) + uses[2 * (U0 + u)];',
+                 '            gyrow[r * n + u] = ROW(b->g, r) + uses[2 * (U0 + u) + 1];',
+                 '        }']
+        if self.flags[first.wt0]:
+            base = self.layout.weight_base[first.wt0]
+            lines += ['    if (GROUPS < 2 * parts && PANELS >= parts)   /* split the neurons */',
+                      f'        b->k->bgw({R}, {C}, rows * n, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
+                      '0, GROUPS, PANELS * part / parts, PANELS * (part + 1) / parts, rest);',
+                      '    else                   /* split the groups of inputs */',
+                      f'        b->k->bgw({R}, {C}, rows * n, xrow, gyrow, b->gp + {base}, {RP}, {name}_groups, '
+                      'GROUPS * part / parts, GROUPS * (part + 1) / parts, 0, PANELS, rest);']
+        for i, u in enumerate(uses):
+            heads = [h for h in u.heads or () if not self.layout.is_row(h) and self.flags[h]]
+            if not heads:
+                continue
+            lines += [f'    if (n > {T - 1 - i} && part == {i} % parts) {{   /* heads of position {T - 1 - i} */',
+                      '        const double **gy = xrow;   /* reused: this use\'s gy rows */',
+                      f'        for (int r = 0; r < rows; r++) gy[r] = ROW(b->g, r) + {self.layout.row_index(u.y0)};']
+            for k, h in enumerate(u.heads):
+                if h in heads:
+                    at = self.layout.shared_index(h)
+                    lines.append(f'        {{ double a = b->gp[{at}]; for (int r = 0; r < rows; r++) '
+                                 f'a += gy[r][{k}]; b->gp[{at}] = a; }}')
+            lines.append('    }')
+        lines += ['    (void)rest; (void)PANELS; (void)GROUPS; (void)U0;', '}']
+        return '\n'.join(lines)
+
+    def weight_grad_calls(self):
+        return [f'{self.name[id(op)]}_weight_grad(b, rows, part, parts, scratch);' for op in self.weights]
 
     def _count(self, op):
         T = len(op.uses)

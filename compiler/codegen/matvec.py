@@ -42,6 +42,7 @@ class MatVecRenderer:
             if id(op) in self.has_backward:
                 self.uses.setdefault(op.wt0, []).append(op)
         self.block_rows = block_rows
+        self.taken = set()    # weight blocks whose gradient another renderer writes (codegen/matmat.py)
 
     def _p(self, slot):
         return self.layout.shared_index(slot)
@@ -108,7 +109,8 @@ class MatVecRenderer:
             if id(op) in self.has_backward:
                 out.append(self._backward(op))
         for wt0, uses in self.uses.items():
-            out.append(self._weight_grad(wt0, uses))
+            if wt0 not in self.taken:
+                out.append(self._weight_grad(wt0, uses))
         return out
 
     def _forward(self, op):
@@ -210,7 +212,7 @@ class MatVecRenderer:
 
     def weight_grad_calls(self):
         return [f'{self.name[id(uses[0])]}_weight_grad(b, rows, part, parts, scratch);'
-                for uses in self.uses.values()]
+                for wt0, uses in self.uses.items() if wt0 not in self.taken]
 
     def scratch_bytes(self):
         """Bytes of scratch each thread needs (the kernels' and the row pointers):

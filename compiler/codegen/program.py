@@ -305,7 +305,7 @@ class _Program:
         backward order)."""
         lay = self.layout
         out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
-        out += ['    ' + call for call in self.matvecs.weight_grad_calls()]
+        out += ['    ' + call for call in self.matvecs.weight_grad_calls() + self.matmats.weight_grad_calls()]
         uses = lay.param_uses
         if uses:
             params = list(uses)
