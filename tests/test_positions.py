@@ -104,6 +104,7 @@ def test_microgpt_forward_n_matches_the_interpreter_for_every_n(cc):
     assert m.source.count('positions at once */') >= 2 + 4 * CONFIG.n_layer   # one kernel call each
     T = CONFIG.block_size
     assert_positions_match(m, graph, random.Random(1), [T, 1, 2, 3, T, 2, 1])
+    assert m.summary().count(f'{T} positions at once') == 2 + 4 * CONFIG.n_layer
 
 
 def test_without_the_pass_the_same_bits():
