@@ -107,6 +107,17 @@ def test_microgpt_forward_n_matches_the_interpreter_for_every_n(cc):
     assert m.summary().count(f'{T} positions at once') == 2 + 4 * CONFIG.n_layer
 
 
+def test_microgpt_from_the_op_table_runs_its_positions_the_same(monkeypatch):
+    """The scalar ops of each position's runs as ranges of the op table
+    (large programs), the MatMat ops between them."""
+    from compiler.codegen import table
+    monkeypatch.setattr(table, 'TABLE_MIN_OPS', 0)
+    _, graph = gpt_case(seed=7)
+    m = compile_gpt(graph, FAST_CC)
+    assert 'vm_forward(' in m.source and 'positions at once */' in m.source
+    assert_positions_match(m, graph, random.Random(8), [CONFIG.block_size, 2, 1, 3])
+
+
 def test_without_the_pass_the_same_bits():
     """The same model with the positions pass and without (vectorize alone):
     the same losses, outputs and gradients."""
@@ -259,3 +270,85 @@ def test_a_schedule_that_would_reorder_a_gradient_is_refused():
     program = vectorize(compiler.trace(losses, x, params))
     assert any(type(op) is MatVec for op in program.ops)
     assert positions(program) is program
+
+
+# -- random sequence models ---------------------------------------------------------
+
+LAYERS = ['linear', 'tanh', 'relu', 'attend', 'residual', 'gate']
+
+
+@st.composite
+def sequence_recipes(draw):
+    e = draw(st.integers(2, 4))
+    t = draw(st.integers(2, 4))
+    layers = draw(st.lists(st.sampled_from(LAYERS), min_size=1, max_size=4))
+    return e, t, layers
+
+
+def sequence_model(recipe, seed):
+    """``(build(n, inputs, params) -> (losses, logits), parameter values, T)``:
+    one-hot tokens embedded by a matrix, the recipe's layers at each position
+    (``attend``: the mean of this layer's states of the positions so far),
+    an output matrix and a cross-entropy loss per position."""
+    e, t_max, layers = recipe
+    v = 3
+    shapes = [('emb', e, v)] + [(f'{i}', e, e) for i, kind in enumerate(layers) if kind in ('linear', 'residual')]
+    shapes += [(f'{i}', 1, e) for i, kind in enumerate(layers) if kind == 'gate'] + [('out', v, e)]
+    rng = random.Random(seed)
+    values = [rng.gauss(0, 0.8) for _, r, c in shapes for _ in range(r * c)]
+
+    def build(n, inputs, params):
+        mats, at = {}, 0
+        for name, r, c in shapes:
+            mats[name] = [params[at + i * c:at + (i + 1) * c] for i in range(r)]
+            at += r * c
+        states = {i: [] for i in range(len(layers))}
+        losses, logits = [], []
+        for t in range(n):
+            x = [sum(w * o for w, o in zip(row, inputs[t * v:(t + 1) * v])) for row in mats['emb']]
+            for i, kind in enumerate(layers):
+                if kind == 'linear':
+                    x = [sum(w * xi for w, xi in zip(row, x)) for row in mats[f'{i}']]
+                elif kind == 'residual':
+                    x = [a + sum(w * xi for w, xi in zip(row, x)) for a, row in zip(x, mats[f'{i}'])]
+                elif kind == 'tanh':
+                    x = [xi.tanh() for xi in x]
+                elif kind == 'relu':
+                    x = [xi.relu() for xi in x]
+                elif kind == 'gate':
+                    x = [xi * g for xi, g in zip(x, mats[f'{i}'][0])]
+                else:
+                    states[i].append(x)
+                    x = [sum(s[d] for s in states[i]) * (1.0 / len(states[i])) for d in range(e)]
+            z = [sum(w * xi for w, xi in zip(row, x)) for row in mats['out']]
+            logits += z
+            losses.append(cross_entropy(z, inputs[t_max * v + t * v:t_max * v + (t + 1) * v]))
+        return losses, logits
+    return build, values, t_max, v
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recipe=sequence_recipes(), seed=st.integers(0, 1000), data=st.data())
+def test_random_sequence_models_match_the_interpreter_for_every_n(cc, recipe, seed, data):
+    build, values, t_max, v = sequence_model(recipe, seed)
+    inputs = [Value(0.0) for _ in range(2 * t_max * v)]
+    params = [Value(x) for x in values]
+    losses, logits = build(t_max, inputs, params)
+    m = compiler.compile(losses, inputs, params, logits, cc=cc)
+    rng = random.Random(seed)
+    for n in data.draw(st.lists(st.integers(1, t_max), min_size=1, max_size=3)) + [t_max]:
+        row = [0.0] * (2 * t_max * v)
+        for t in range(n):
+            row[t * v + rng.randrange(v)] = 1.0
+            row[t_max * v + t * v + rng.randrange(v)] = 1.0
+        ref_params = [Value(x) for x in values]
+        ref_losses, ref_logits = build(n, [Value(x) for x in row], ref_params)
+        loss = (1 / n) * sum(ref_losses)
+        loss.backward()
+        m.zero_grad()
+        m.set_input(row)
+        assert same(m.forward(n), loss.data), (recipe, n)
+        assert m.outputs()[:n * v].tolist() == [z.data for z in ref_logits], (recipe, n)
+        m.backward()
+        assert m.grads().tolist() == [p.grad for p in ref_params], (recipe, n)
