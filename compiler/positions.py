@@ -52,11 +52,8 @@ def positions(program):
         return program
     groups = seq.groups()
     while groups:
-        stages = seq.stages(groups)
-        if stages is None:
-            return program
-        op_stage, group_stage, cyclic = stages
-        if cyclic:
+        op_stage, group_stage, cyclic = seq.stages(groups)
+        if cyclic:          # those stay one MatVec per position
             groups = [g for i, g in enumerate(groups) if i not in cyclic]
             continue
         order, runs = seq.schedule(groups, op_stage, group_stage)
