@@ -8,9 +8,9 @@ within a row, over those uses in the interpreter's backward order
 (``weight_grad``), which the kernel sees as a list of (x, gy) row pointers.
 """
 from compiler.codegen.layout import PANEL, round_up
-from compiler.ir import unfolded
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
+from compiler.ir import unfolded
 
 
 def is_strided(slots):
