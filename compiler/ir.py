@@ -211,6 +211,7 @@ class Program:
         self.prefix_sums = prefix_sums    # a sequence's partial loss sums, one per position (see trace)
         self.known_needs_grad = None      # needs_grad's answer, where a pass already knows it
         self.not_lifted = ()              # NotLifted: what the vectorizing pass left scalar, and why
+        self.position_runs = None         # a sequence scheduled layer by layer (see positions_of_ops)
 
     @property
     def ops(self):
@@ -600,3 +601,74 @@ class Dot:
     def __str__(self):
         head = f'%{self.head} + ' if self.head is not None else ''
         return f'%{self.out} = {head}dot({slot_list(self.a)}, {slot_list(self.b)})'
+
+
+@dataclass(eq=False)
+class MatMat:
+    """One matrix applied at every position of a sequence at once: ``uses[t]``
+    is the ``MatVec`` of position ``t`` (all of one weight block and shape).
+    It computes what its uses compute, each output the same left fold, but
+    reads W once for all of them; a forward over the first ``n`` positions
+    runs ``uses[:n]``. The gradient of W takes the uses' contributions in the
+    interpreter's backward order: the last position's first."""
+    uses: tuple
+
+    @property
+    def reads(self):
+        return [s for u in self.uses for s in u.reads]
+
+    @property
+    def writes(self):
+        return [s for u in self.uses for s in u.writes]
+
+    def __str__(self):
+        first, last = self.uses[0], self.uses[-1]
+        return (f'%{first.y0}..%{last.y0 + last.rows - 1} = matmat(W=%{first.wt0}[{first.rows}x{first.cols}, '
+                f'by column], {len(self.uses)} positions, x=%{first.x0}, %{self.uses[1].x0}, ..., %{last.x0})')
+
+
+def unfolded(ops):
+    """``ops`` with each ``MatMat`` replaced by its uses, in position order:
+    the ``MatVec`` ops it computes."""
+    for op in ops:
+        if type(op) is MatMat:
+            yield from op.uses
+        else:
+            yield op
+
+
+def positions_of_ops(program):
+    """For a sequence program, the position each op belongs to: op ``i`` runs
+    in a forward over ``n`` positions when ``position[i] < n`` (-1: an op
+    over positions, a ``MatMat``, which runs the first ``n`` itself); None
+    for a program that is not a sequence.
+
+    Two schedules: position by position (as traced: ``prefix_cuts``), or,
+    after the positions pass, layer by layer, where ``program.position_runs``
+    lists ``(start, end, position)``: ``ops[start:end]`` belong to that
+    position. The last op (the mean of the losses) runs only when every
+    position does: it belongs to the last position."""
+    if not program.prefix_sums:
+        return None
+    if program.position_runs is not None:
+        position = [0] * program.n_ops
+        for start, end, p in program.position_runs:
+            position[start:end] = [p] * (end - start)
+        return position
+    cuts = prefix_cuts(program)
+    import numpy as np
+    at = np.searchsorted(np.array(cuts, dtype=np.int64), np.arange(program.n_ops))
+    return np.minimum(at, len(cuts) - 1).tolist()
+
+
+def positions_of_writes(program):
+    """``{slot: position}`` for each slot an op of a sequence program writes
+    (a ``MatMat`` writes each use's outputs at that use's position)."""
+    out = {}
+    for op, p in zip(program.ops, positions_of_ops(program)):
+        if type(op) is MatMat:
+            for t, u in enumerate(op.uses):
+                out.update(dict.fromkeys(u.writes, t))
+        else:
+            out.update(dict.fromkeys(op.writes, p))
+    return out

@@ -7,7 +7,7 @@ import os
 import re
 from collections import Counter
 
-from compiler.ir import Loop, MatVec, Op, slot_list
+from compiler.ir import Loop, MatMat, MatVec, Op, slot_list
 
 
 def parts(program):
@@ -16,7 +16,7 @@ def parts(program):
     (``'scalar'``: ``Op`` and ``Sum``), in program order."""
     out = []
     for op in program.ops:
-        if type(op) is MatVec:
+        if type(op) is MatVec or type(op) is MatMat:
             out.append(('MatVec', [op]))
         elif out and out[-1][0] == 'scalar':
             out[-1][1].append(op)
@@ -45,9 +45,12 @@ def _describe(program, kind, ops):
     """``(what, shape, parameters it reads (set), labels)`` of one part."""
     if kind == 'MatVec':
         op = ops[0]
-        heads = 'heads' if op.heads else 'no heads'
+        each = op.uses[0] if type(op) is MatMat else op      # a MatMat: one MatVec per position
+        heads = 'heads' if each.heads else 'no heads'
+        if type(op) is MatMat:
+            heads += f', {len(op.uses)} positions at once'
         params = _params_read(program, ops)
-        return ('MatVec', f'{op.cols} -> {op.rows} (W {op.rows}x{op.cols}, {heads})', params,
+        return ('MatVec', f'{each.cols} -> {each.rows} (W {each.rows}x{each.cols}, {heads})', params,
                 _labels(program, list(op.writes)))
     # a Loop counts as the ops it runs; Sum and Dot by their names
     counts = Counter(o.name if type(o) is Op else type(o).__name__.lower()

@@ -38,6 +38,8 @@ ALLOWED = {
     'compiler.walk': {'compiler.build', 'compiler.load', 'compiler.templates'},
     'compiler.vectorize': {'compiler.ir'},
     'compiler.loops': {'compiler.ir'},
+    'compiler.positions': {'compiler.ir'},
+    'compiler.conv': {'compiler.ir'},
     'compiler.codegen': {'compiler.ir', 'compiler.constants', 'compiler.templates', 'compiler.optim'},
     # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
     'compiler.build.errors': set(),

@@ -28,7 +28,7 @@ import numpy as np
 
 from compiler.codegen.scalar import SCALAR_C
 from compiler.constants import MV_NR, ROW_ALIGN
-from compiler.ir import OP_CODES, OP_NAMES, MatVec, Op, ScalarArrays, Sum
+from compiler.ir import OP_CODES, OP_NAMES, MatVec, Op, ScalarArrays, Sum, unfolded
 
 # Scalar parameter uses per row that a program may record; above this the
 # contributions would cost more memory than threads gain, and the program
@@ -124,7 +124,8 @@ class Layout:
         p0, p1 = program.param_start, program.param_end
         self.scalar_part = ScalarPart.of(program)
         self.lifted = self.scalar_part.lifted
-        self.matvecs = [op for _, op in self.lifted if type(op) is MatVec]
+        # (a MatMat's uses too)
+        self.matvecs = [op for op in unfolded(op for _, op in self.lifted) if type(op) is MatVec]
         blocks = {}                         # weight block start slot -> (R, C)
         for op in self.matvecs:
             blocks[op.wt0] = (op.rows, op.cols)

@@ -15,6 +15,7 @@ from compiler.codegen.layout import PANEL, round_up
 from compiler.codegen.shared_grads import contributions, direct_grads, interleaved_grad, mixed_blocks
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
+from compiler.ir import unfolded
 
 
 def is_strided(slots):
@@ -37,18 +38,19 @@ class MatVecRenderer:
         self.program, self.layout, self.flags = program, layout, flags
         self.ops = layout.matvecs
         self.name = {id(op): f'matvec{i + 1}' for i, op in enumerate(self.ops)}
-        grad_ops = {id(op) for i, op in layout.lifted if i < program.n_grad_ops}
+        grad_ops = {id(u) for i, op in layout.lifted if i < program.n_grad_ops for u in unfolded([op])}
         self.has_backward = {id(op) for op in self.ops
                              if id(op) in grad_ops and any(flags[o] for o in op.writes)}
         # the uses of each weight block, in the order backward reaches them
         self.uses = {}
-        for _, op in reversed(layout.lifted):
+        for op in reversed(list(unfolded(op for _, op in layout.lifted))):   # (a MatMat's uses too)
             if id(op) in self.has_backward:
                 self.uses.setdefault(op.wt0, []).append(op)
         self.block_rows = block_rows
         # weight blocks whose parameters scalar code reads too: {wt0: their parameter slots}
         self.mixed = mixed_blocks(program, flags, self.uses)
         self.mixed_params = {s for slots in self.mixed.values() for s in slots}
+        self.taken = set()    # weight blocks whose gradient another renderer writes (codegen/matmat.py)
 
     def _p(self, slot):
         return self.layout.shared_index(slot)
@@ -115,6 +117,8 @@ class MatVecRenderer:
             if id(op) in self.has_backward:
                 out.append(self._backward(op))
         for wt0, uses in self.uses.items():
+            if wt0 in self.taken:
+                continue
             if wt0 not in self.mixed:
                 out.append(self._weight_grad(wt0, uses))
             elif self.layout.recorded:
@@ -224,7 +228,8 @@ class MatVecRenderer:
 
     def weight_grad_calls(self):
         return [f'{self.name[id(uses[0])]}_weight_grad(b, rows, part, parts, scratch);'
-                for wt0, uses in self.uses.items() if wt0 not in self.mixed or self.layout.recorded]
+                for wt0, uses in self.uses.items()
+                if wt0 not in self.taken and (wt0 not in self.mixed or self.layout.recorded)]
 
     def scratch_bytes(self):
         """Bytes of scratch each thread needs (the kernels' and the row pointers):

@@ -33,7 +33,7 @@ from compiler.codegen import optimizer as optimizer_c
 from compiler.codegen.program import _Program
 from compiler.codegen.scalar import c_double
 from compiler.constants import C_DEFINES, KERNELS
-from compiler.ir import features
+from compiler.ir import features, positions_of_writes
 from compiler.templates import read_template
 
 __all__ = ['emit_module', 'emit_header', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
@@ -115,6 +115,9 @@ def _output_positions(program, cuts, part):
     ``part``: the program's ``layout.ScalarPart`` (where the scalar ops are)."""
     if not cuts:
         return [0] * len(program.outputs)
+    if program.position_runs is not None:     # scheduled layer by layer (compiler/positions.py)
+        at = positions_of_writes(program)
+        return [0 if s == program.loss or s not in at else at[s] + 1 for s in program.outputs]
     at = {slot: i for i, op in part.lifted for slot in op.writes}
     outs = np.asarray(program.outputs, dtype=np.int64)
     j = np.minimum(np.searchsorted(part.arrays.out, outs), max(0, len(part.arrays.out) - 1))

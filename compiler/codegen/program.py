@@ -9,11 +9,12 @@ import numpy as np
 
 from compiler.codegen import blob, loops, table
 from compiler.codegen.layout import Layout
+from compiler.codegen.matmat import MatMatRenderer
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatVec, needs_grad, prefix_cuts
+from compiler.ir import MatMat, MatVec, needs_grad, prefix_cuts, unfolded
 
 
 class _Functions:
@@ -138,6 +139,7 @@ class _Program:
         self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * max(1, self.layout.row_stride))))
         self.scalar = ScalarRenderer(self.layout)
         self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
+        self.matmats = MatMatRenderer(program, self.layout, self.flags, self.matvecs)
         self.functions = _Functions()
         # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
         self.cuts = prefix_cuts(program) if program.prefix_sums else []
@@ -163,6 +165,9 @@ class _Program:
             if type(op) is MatVec:
                 flush()
                 steps += self._matvec_step(op, direction == 'forward')
+            elif type(op) is MatMat:
+                flush()
+                steps += self._matmat_step(op, direction == 'forward')
             else:
                 run.append(op)
         flush()
@@ -193,6 +198,9 @@ class _Program:
         if forward:
             return [self.matvecs.forward_call(op)]
         return [self.matvecs.backward_call(op)] if id(op) in self.matvecs.has_backward else []
+
+    def _matmat_step(self, op, forward):
+        return self.matmats.forward_call(op) if forward else self.matmats.backward_call(op)
 
     def _table_steps(self, p0, p1, direction):
         """``_steps`` of the ops at positions ``p0..p1-1`` when the scalar ops
@@ -227,6 +235,9 @@ class _Program:
             if type(op) is MatVec:
                 flush_sums()
                 steps += self._matvec_step(op, forward)
+            elif type(op) is MatMat:
+                flush_sums()
+                steps += self._matmat_step(op, forward)
             else:
                 sums_run.append(op)
         flush_sums()
@@ -248,6 +259,8 @@ class _Program:
         ops = self._indexed(self.program.n_ops)
         if not self.cuts:
             return self._steps(ops, 'forward')
+        if self.program.position_runs is not None:
+            return self._forward_by_runs(ops)
         lay, out, start = self.layout, [], 0
         loss = lay.row_index(self.program.loss)
         for n, cut in enumerate(self.cuts[:-1], 1):
@@ -267,6 +280,8 @@ class _Program:
         grad_ops = self._indexed(self.program.n_grad_ops)
         if not self.cuts:
             return self._steps(list(reversed(grad_ops)), 'backward')
+        if self.program.position_runs is not None:
+            return self._backward_by_runs(grad_ops)
         lay, T = self.layout, len(self.cuts)
         loss = lay.row_index(self.program.loss)
         sums_at = [lay.row_index(s) for s in self.program.prefix_sums]
@@ -284,13 +299,42 @@ class _Program:
             out += ['    ' + step for step in self._steps(list(reversed(part)), 'backward')]
         return out + ['}']
 
+    def _forward_by_runs(self, ops):
+        """``forward_rows`` of a sequence scheduled layer by layer
+        (``Program.position_runs``): each run of one position's ops when that
+        position runs, each op over positions on the positions run; then,
+        for fewer positions than all, the loss from their partial sum."""
+        lay, T, out = self.layout, len(self.cuts), []
+        for start, end, p in self.program.position_runs:
+            out += _when_position(p, self._steps(ops[start:end], 'forward'))
+        loss = lay.row_index(self.program.loss)
+        sums_at = [lay.row_index(s) for s in self.program.prefix_sums]
+        return out + [f'if (b->upto < {T}) {{   /* the first n positions: loss = (1 / n) * their sum */',
+                      f'    static const int prefix[{T}] = {{{", ".join(map(str, sums_at))}}};',
+                      '    for (int r = r0; r < r1; r++)',
+                      f'        ROW(b->v, r)[{loss}] = (1.0 / b->upto) * ROW(b->v, r)[prefix[b->upto - 1]];', '}']
+
+    def _backward_by_runs(self, grad_ops):
+        """``backward_rows`` of a sequence scheduled layer by layer: the runs in
+        reverse, each when its position ran."""
+        lay, T = self.layout, len(self.cuts)
+        loss = lay.row_index(self.program.loss)
+        sums_at = [lay.row_index(s) for s in self.program.prefix_sums]
+        out = [f'static const int prefix[{T}] = {{{", ".join(map(str, sums_at))}}};   /* partial sums */',
+               f'if (b->upto < {T})   /* d loss / d sum = 1 / n (the loss is (1 / n) * sum) */',
+               f'    for (int r = r0; r < r1; r++) ROW(b->g, r)[prefix[b->upto - 1]] += '
+               f'(1.0 / b->upto) * ROW(b->g, r)[{loss}];']
+        for start, end, p in reversed(self.program.position_runs):
+            out += _when_position(p, self._steps(list(reversed(grad_ops[start:end])), 'backward'))
+        return out
+
     def param_grads(self):
         """``param_grads``: this part's share of the parameter gradients
         added up over a block's rows, in row order (and, within a row, in
         backward order)."""
         lay = self.layout
         out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
-        out += ['    ' + call for call in self.matvecs.weight_grad_calls()]
+        out += ['    ' + call for call in self.matvecs.weight_grad_calls() + self.matmats.weight_grad_calls()]
         uses = {s: u for s, u in lay.param_uses.items() if s not in self.matvecs.mixed_params}
         if uses:
             params = list(uses)
@@ -324,6 +368,7 @@ class _Program:
             out.append(self.table.c_text())
         out.append(_init_constants(lay, program.constants, table=self.table is not None))
         out += self.matvecs.functions()
+        out += self.matmats.functions()
         out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in self.matvecs.refresh()]
         out += ['    (void)p; (void)aux;\n}\n']
@@ -344,9 +389,18 @@ class _Program:
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
         work = 3 * len(lay.scalar_part.arrays.code) + sum(
-            6 * op.rows * op.cols if type(op) is MatVec else loops.work(op) for _, op in lay.lifted)
+            6 * op.rows * op.cols if type(op) is MatVec else loops.work(op)
+            for _, op in lay.lifted for op in unfolded([op]))
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),
                        work_per_row=max(1, work), positions=len(self.cuts))
         return '\n'.join(out), numbers
+
+
+def _when_position(p, steps):
+    """``steps`` guarded to run when position ``p`` does (``p < 0``: an op over
+    positions, which runs the positions itself)."""
+    if p < 0 or not steps:
+        return steps
+    return [f'if (b->upto > {p}) {{', *['    ' + s for s in steps], '}']
