@@ -29,6 +29,7 @@ from compiler.optim import OPTIMIZERS, SGD, Adam, AdamW
 from compiler.trace import TraceError, trace, trace_graph
 from micrograd.engine import Value
 from compiler.vectorize import vectorize as _vectorize   # the pass; `vectorize` is compile's switch
+from compiler.conv import lift_convs
 
 __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op', 'Sum', 'MatVec',
            'SGD', 'Adam', 'AdamW', 'load', 'ExportError', 'BuildError', 'CacheError', 'CompileError', 'CompilerNotFound',
@@ -79,7 +80,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         t1 = time.perf_counter()
         timings['trace'] = t1 - t0
         if vectorize:
-            program = _vectorize(program)
+            program = lift_convs(_vectorize(program))
         timings['passes'] = time.perf_counter() - t1
         t1 = time.perf_counter()
         source = emit_module(program, optimizer=optimizer)

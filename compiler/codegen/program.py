@@ -7,12 +7,13 @@ import math
 import numpy as np
 
 from compiler.codegen import sums, table
+from compiler.codegen.conv import ConvRenderer
 from compiler.codegen.layout import Layout
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatVec, Op, Sum, needs_grad, prefix_cuts
+from compiler.ir import Conv, MatVec, Op, Sum, needs_grad, prefix_cuts
 
 
 class _Functions:
@@ -115,6 +116,7 @@ class _Program:
         self.block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // (16 * max(1, self.layout.row_stride))))
         self.scalar = ScalarRenderer(self.layout)
         self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
+        self.convs = ConvRenderer(program, self.layout, self.flags)
         self.functions = _Functions()
         # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
         self.cuts = prefix_cuts(program) if program.prefix_sums else []
@@ -153,6 +155,9 @@ class _Program:
             if type(op) is MatVec:
                 flush()
                 steps += self._matvec_step(op, direction == 'forward')
+            elif type(op) is Conv:
+                flush()
+                steps += self.convs.step(op, direction == 'forward')
             else:
                 run.append(op)
         flush()
@@ -210,6 +215,9 @@ class _Program:
             if type(op) is MatVec:
                 flush_sums()
                 steps += self._matvec_step(op, forward)
+            elif type(op) is Conv:
+                flush_sums()
+                steps += self.convs.step(op, forward)
             else:
                 sums_run.append(op)
         flush_sums()
@@ -262,6 +270,7 @@ class _Program:
         lay = self.layout
         out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
         out += ['    ' + call for call in self.matvecs.weight_grad_calls()]
+        out += ['    ' + call for call in self.convs.weight_grad_calls()]
         uses = lay.param_uses
         if uses:
             params = list(uses)
@@ -290,6 +299,7 @@ class _Program:
         program, lay = self.program, self.layout
         out = [_loss_of(lay, program), '', _init_constants(lay, program.constants)]
         out += self.matvecs.functions()
+        out += self.convs.functions()
         if self.table is not None:
             out.append(self.table.c_text())
         out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
@@ -311,10 +321,10 @@ class _Program:
         out += ['    ' + s for s in backward]
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
-        work = sum(6 * op.rows * op.cols if type(op) is MatVec else
+        work = sum(6 * op.rows * op.cols if type(op) is MatVec else 6 * op.macs if type(op) is Conv else
                    3 * (len(op.terms) if type(op) is Sum else 1) for op in program.ops)
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
-                       recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),
+                       recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes(), self.convs.scratch_bytes()),
                        work_per_row=max(1, work), positions=len(self.cuts))
         return '\n'.join(out), numbers

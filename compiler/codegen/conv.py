@@ -1,0 +1,154 @@
+"""C of a ``Conv`` (a kernel applied at every position): per op, tables of
+where its numbers live (``templates/conv.c``'s ``ConvOp``) and calls of the
+fixed loops (``templates/conv_body.c``, built once per instruction set,
+chosen at first use by ``templates/conv_choose.c``).
+
+The tables carry every order the interpreter fixes: the forward adds each
+window's terms in offset order after the head; the input gradient's lists
+give each input its contributions in the interpreter's backward order (rows
+by descending rank, each row's offsets last to first); the weight gradient
+runs the positions in descending rank, row after row of a block.
+"""
+import numpy as np
+
+from compiler.ir import Conv
+from compiler.templates import read_template
+
+LANES = 8       # the loops' lanes: channels (forward), inputs (input gradient)
+
+
+def _round_up(n, m):
+    return (n + m - 1) // m * m
+
+
+def _table(name, values):
+    values = [int(v) for v in values] or [0]
+    lines = [', '.join(map(str, values[i:i + 20])) for i in range(0, len(values), 20)]
+    return '\n'.join([f'static const int {name}[{len(values)}] = {{', *[f'    {line},' for line in lines], '};'])
+
+
+def fixed_loops():
+    """The Conv loops' C: what they share, the loops once per instruction
+    set this build may meet, and the choice of one."""
+    body = read_template('conv_body.c')
+
+    def built_for(isa, level):
+        return '\n'.join([f'#define CV_ISA {isa}', f'#define CV_LEVEL {level}', body,
+                          '#undef CV_LEVEL', '#undef CV_ISA'])
+    return '\n'.join([read_template('conv.c'),
+                      '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
+                      built_for('plain', -1),
+                      '#else', '#if defined(__x86_64__)', built_for('avx512', 2), built_for('avx2', 1), '#endif',
+                      built_for('base', 0),
+                      '#endif', read_template('conv_choose.c')])
+
+
+class ConvRenderer:
+    """Names, tables and calls of a program's ``Conv`` ops."""
+
+    def __init__(self, program, layout, flags):
+        self.program, self.layout, self.flags = program, layout, flags
+        if program.arrays is not None and program._ops is None:
+            self.ops = [op for _, op in program.lifted if type(op) is Conv]
+        else:
+            self.ops = [op for op in program.ops if type(op) is Conv]
+        self.name = {id(op): f'conv{i + 1}' for i, op in enumerate(self.ops)}
+        grad_ops = set(map(id, program.grad_ops)) if self.ops else set()
+        self.in_cone = [op for op in self.ops if id(op) in grad_ops]
+        self._bgx = {id(op): self._gradient_lists(op) for op in self.in_cone if op.grad_x}
+
+    def _rows(self, slots):
+        return np.array([self.layout.row_index(int(s)) for s in slots.ravel()], dtype=np.int64).reshape(slots.shape)
+
+    def _shared(self, slots):
+        return np.array([self.layout.shared_index(int(s)) for s in slots.ravel()],
+                        dtype=np.int64).reshape(slots.shape)
+
+    def _gradient_lists(self, op):
+        """The input gradient's chunks: ``(cx, cn, cs, cw, cg)`` (see conv_body.c)."""
+        O, K = op.weights.shape
+        P = len(op.x)
+        oo, pp, kk = np.meshgrid(np.arange(O), np.arange(P), np.arange(K), indexing='ij')
+        oo, pp, kk = oo.ravel(), pp.ravel(), kk.ravel()
+        xs = op.x[pp, kk]
+        flags = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
+        keep = xs >= 0
+        keep[keep] = flags[xs[keep]]
+        oo, pp, kk, xs = oo[keep], pp[keep], kk[keep], xs[keep]
+        rank = op.rank[oo, pp]
+        order = np.lexsort((-kk, -rank, xs))      # by input; latest row first, its last offset first
+        oo, pp, kk, xs = oo[order], pp[order], kk[order], xs[order]
+        w_at = self._shared(op.weights)[oo, kk]
+        gy_at = self._rows(op.y)[oo, pp]
+        x_at = self._rows(xs)
+        starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+        ends = np.r_[starts[1:], len(xs)]
+        groups = {}
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            groups.setdefault(w_at[s:e].tobytes(), []).append((s, e))
+        cx, cn, cs, cw, cg = [], [], [0], [], []
+        for members in groups.values():
+            for c0 in range(0, len(members), LANES):
+                chunk = members[c0:c0 + LANES]
+                lanes = chunk + [chunk[0]] * (LANES - len(chunk))
+                cx += [int(x_at[s]) for s, _ in lanes]
+                cn.append(len(chunk))
+                s0, e0 = chunk[0]
+                cw += w_at[s0:e0].tolist()
+                cg += np.stack([gy_at[s:e] for s, e in lanes], axis=1).ravel().tolist()
+                cs.append(len(cw))
+        return cx, cn, cs, cw, cg
+
+    def functions(self):
+        """The loops and, per op, its tables and its ``ConvOp``."""
+        if not self.ops:
+            return []
+        out = [fixed_loops()]
+        for op in self.ops:
+            out.append(self._tables(op))
+        return out
+
+    def _tables(self, op):
+        name = self.name[id(op)]
+        O, K = op.weights.shape
+        P = len(op.x)
+        x = np.where(op.x >= 0, self._rows(np.maximum(op.x, 0)), -1)
+        full = np.all(op.x >= 0, axis=1)
+        lines = [f'/* {op} */',
+                 _table(f'{name}_w', self._shared(op.weights).ravel()),
+                 _table(f'{name}_h', self._shared(op.heads)),
+                 _table(f'{name}_x', x.ravel()),
+                 _table(f'{name}_y', self._rows(op.y).T.ravel()),
+                 _table(f'{name}_full', np.flatnonzero(full)),
+                 _table(f'{name}_part', np.flatnonzero(~full)),
+                 f'static const unsigned char {name}_is_full[{P}] = {{{", ".join("1" if f else "0" for f in full)}}};']
+        cx, cn, cs, cw, cg = self._bgx.get(id(op), ([], [], [0], [], []))
+        for part, values in zip(('cx', 'cn', 'cs', 'cw', 'cg'), (cx, cn, cs, cw, cg)):
+            lines.append(_table(f'{name}_{part}', values))
+        lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
+                     f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
+                     f'{name}_is_full, {len(cn)}, {name}_cx, {name}_cn, {name}_cs, {name}_cw, {name}_cg}};')
+        return '\n'.join(lines)
+
+    def step(self, op, forward):
+        """The calls running ``op`` over rows r0..r1 in one direction."""
+        name = self.name[id(op)]
+        if forward:
+            return [f'conv_kernels()->fwd(&{name}, b, r0, r1, scratch);   /* {op} */']
+        if id(op) not in self._bgx:
+            return []
+        call = f'conv_kernels()->bgx(&{name}, b, r0, r1);   /* input gradient of {name} */'
+        if int(op.x.max()) < self.program.n_inputs:
+            return ['if (b->input_grads)', '    ' + call]
+        return [call]
+
+    def weight_grad_calls(self):
+        return [f'conv_kernels()->bgw(&{self.name[id(op)]}, b, rows, part, parts, scratch);'
+                for op in self.in_cone]
+
+    def scratch_bytes(self):
+        need = 0
+        for op in self.ops:
+            O, K = op.weights.shape
+            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * K + K + O))
+        return _round_up(need + 64, 64)
