@@ -339,7 +339,11 @@ def _rebuild(g, layers, order):
     for layer in layers:
         written[layer.y.ravel()] = True
     new = np.full(n_slots, -1, dtype=np.int64)
-    new[written] = np.arange(int(written.sum()))
+    new[:leaves] = np.arange(leaves)
+    computed = np.concatenate([*_blocks(g, layers, written), np.flatnonzero(written[leaves:]) + leaves])
+    _, first = np.unique(computed, return_index=True)
+    computed = computed[np.sort(first)]
+    new[computed] = np.arange(leaves, leaves + len(computed))
     new_n_slots = int(written.sum())
 
     full = np.r_[order, np.arange(g.cone, g.n)]
@@ -379,6 +383,26 @@ def _rebuild(g, layers, order):
                   prefix_sums=program.prefix_sums)
     out.known_needs_grad = flags.tobytes()
     return out
+
+
+def _blocks(g, layers, written):
+    """Each layer's outputs (channel by channel) and its computed inputs as
+    blocks of consecutive slots: a row's values a layer reads and writes
+    then share few cache lines (the rows are large). A ``MatVec``'s blocks
+    stay as they are."""
+    leaves = g.program.n_leaves
+    keep = np.zeros(g.program.n_slots, dtype=bool)
+    for op in g.lifted.values():
+        if type(op) is MatVec:
+            keep[op.y0:op.y0 + op.rows] = True
+            keep[op.x0:op.x0 + op.cols] = True
+    blocks = []
+    for layer in sorted(layers, key=lambda layer: layer.rep):
+        x = np.unique(layer.x[layer.x >= leaves])
+        for block in (layer.y.ravel(), x):
+            if len(block) and not keep[block].any() and written[block].all():
+                blocks.append(block)
+    return blocks
 
 
 def _renumbered(op, new):

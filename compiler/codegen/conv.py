@@ -14,7 +14,7 @@ import numpy as np
 from compiler.ir import Conv
 from compiler.templates import read_template
 
-LANES = 8       # the loops' lanes: channels (forward), inputs (input gradient)
+LANES = 8       # the forward loop's lanes: channels
 
 
 def _round_up(n, m):
@@ -55,7 +55,7 @@ class ConvRenderer:
         self.name = {id(op): f'conv{i + 1}' for i, op in enumerate(self.ops)}
         grad_ops = set(map(id, program.grad_ops)) if self.ops else set()
         self.in_cone = [op for op in self.ops if id(op) in grad_ops]
-        self._bgx = {id(op): self._gradient_lists(op) for op in self.in_cone if op.grad_x}
+        self._bgx = {id(op) for op in self.in_cone if op.grad_x}
 
     def _rows(self, slots):
         return np.array([self.layout.row_index(int(s)) for s in slots.ravel()], dtype=np.int64).reshape(slots.shape)
@@ -63,41 +63,6 @@ class ConvRenderer:
     def _shared(self, slots):
         return np.array([self.layout.shared_index(int(s)) for s in slots.ravel()],
                         dtype=np.int64).reshape(slots.shape)
-
-    def _gradient_lists(self, op):
-        """The input gradient's chunks: ``(cx, cn, cs, cw, cg)`` (see conv_body.c)."""
-        O, K = op.weights.shape
-        P = len(op.x)
-        oo, pp, kk = np.meshgrid(np.arange(O), np.arange(P), np.arange(K), indexing='ij')
-        oo, pp, kk = oo.ravel(), pp.ravel(), kk.ravel()
-        xs = op.x[pp, kk]
-        flags = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
-        keep = xs >= 0
-        keep[keep] = flags[xs[keep]]
-        oo, pp, kk, xs = oo[keep], pp[keep], kk[keep], xs[keep]
-        rank = op.rank[oo, pp]
-        order = np.lexsort((-kk, -rank, xs))      # by input; latest row first, its last offset first
-        oo, pp, kk, xs = oo[order], pp[order], kk[order], xs[order]
-        w_at = self._shared(op.weights)[oo, kk]
-        gy_at = self._rows(op.y)[oo, pp]
-        x_at = self._rows(xs)
-        starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
-        ends = np.r_[starts[1:], len(xs)]
-        groups = {}
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            groups.setdefault(w_at[s:e].tobytes(), []).append((s, e))
-        cx, cn, cs, cw, cg = [], [], [0], [], []
-        for members in groups.values():
-            for c0 in range(0, len(members), LANES):
-                chunk = members[c0:c0 + LANES]
-                lanes = chunk + [chunk[0]] * (LANES - len(chunk))
-                cx += [int(x_at[s]) for s, _ in lanes]
-                cn.append(len(chunk))
-                s0, e0 = chunk[0]
-                cw += w_at[s0:e0].tolist()
-                cg += np.stack([gy_at[s:e] for s, e in lanes], axis=1).ravel().tolist()
-                cs.append(len(cw))
-        return cx, cn, cs, cw, cg
 
     def functions(self):
         """The loops and, per op, its tables and its ``ConvOp``."""
@@ -122,12 +87,14 @@ class ConvRenderer:
                  _table(f'{name}_full', np.flatnonzero(full)),
                  _table(f'{name}_part', np.flatnonzero(~full)),
                  f'static const unsigned char {name}_is_full[{P}] = {{{", ".join("1" if f else "0" for f in full)}}};']
-        cx, cn, cs, cw, cg = self._bgx.get(id(op), ([], [], [0], [], []))
-        for part, values in zip(('cx', 'cn', 'cs', 'cw', 'cg'), (cx, cn, cs, cw, cg)):
-            lines.append(_table(f'{name}_{part}', values))
+        # the input gradient: the rows in backward order, the inputs whose gradient is needed
+        flags = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
+        needed = (op.x >= 0) & flags[np.maximum(op.x, 0)]
+        lines += [_table(f'{name}_rows', np.argsort(-op.rank.ravel(), kind='stable')),
+                  _table(f'{name}_xg', np.where(needed, x, -1).ravel() if id(op) in self._bgx else [])]
         lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
                      f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
-                     f'{name}_is_full, {len(cn)}, {name}_cx, {name}_cn, {name}_cs, {name}_cw, {name}_cg}};')
+                     f'{name}_is_full, {name}_rows, {name}_xg}};')
         return '\n'.join(lines)
 
     def step(self, op, forward):
@@ -137,7 +104,7 @@ class ConvRenderer:
             return [f'conv_kernels()->fwd(&{name}, b, r0, r1, scratch);   /* {op} */']
         if id(op) not in self._bgx:
             return []
-        call = f'conv_kernels()->bgx(&{name}, b, r0, r1);   /* input gradient of {name} */'
+        call = f'conv_kernels()->bgx(&{name}, b, r0, r1, scratch);   /* input gradient of {name} */'
         if int(op.x.max()) < self.program.n_inputs:
             return ['if (b->input_grads)', '    ' + call]
         return [call]
@@ -150,5 +117,6 @@ class ConvRenderer:
         need = 0
         for op in self.ops:
             O, K = op.weights.shape
-            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * K + K + O))
+            KP = _round_up(K, LANES)
+            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * KP + KP + O))
         return _round_up(need + 64, 64)

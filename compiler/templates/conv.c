@@ -21,8 +21,8 @@ typedef struct {
     int nfull, npart;
     const int *full, *part;    /* positions whose windows are whole, and the others */
     const unsigned char *is_full;   /* [P] */
-    int nchunks;               /* input gradient: chunks of 8 inputs (see conv_bgx) */
-    const int *cx, *cn, *cs, *cw, *cg;
+    const int *rows;           /* input gradient: rows o*P + p by descending rank */
+    const int *xg;             /* [P*K]: x's row index where its gradient is needed, else -1 */
 } ConvOp;
 
 #if defined(__GNUC__) && !defined(__TINYC__)

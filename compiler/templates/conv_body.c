@@ -25,6 +25,24 @@
 #  endif
 #endif
 
+/* Eight lanes: one AVX-512 vector, else a plain loop the compiler may
+ * vectorize; the same operations on each lane either way. */
+#if CV_LEVEL == 2 && defined(__x86_64__)
+typedef double CV_NAME(v8) __attribute__((vector_size(64), aligned(8)));
+#define CV_V8 CV_NAME(v8)
+#define CV_LANES(acc) CV_V8 acc
+#define CV_SET(acc, p) ((acc) = *(const CV_V8 *)(p))
+#define CV_MADD(acc, p, s) ((acc) += *(const CV_V8 *)(p) * (s))      /* acc + (w * s): two roundings */
+#define CV_GET(acc, l) ((acc)[l])
+#define CV_PUT(p, acc) (*(CV_V8 *)(p) = (acc))
+#else
+#define CV_LANES(acc) double acc[8]
+#define CV_SET(acc, p) do { for (int l_ = 0; l_ < 8; l_++) (acc)[l_] = (p)[l_]; } while (0)
+#define CV_MADD(acc, p, s) do { for (int l_ = 0; l_ < 8; l_++) (acc)[l_] += (p)[l_] * (s); } while (0)
+#define CV_GET(acc, l) ((acc)[l])
+#define CV_PUT(p, acc) do { for (int l_ = 0; l_ < 8; l_++) (p)[l_] = (acc)[l_]; } while (0)
+#endif
+
 /* Forward: y[o][p] = h[o] + W[o][k]*x[p][k] + ... over the offsets k present,
  * ascending. Full windows run four positions by eight channels at a time
  * (W packed by offset: wp[k*OP + o], one row of 8 channels loaded once for
@@ -48,40 +66,38 @@ CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
                 const int p0 = c->full[i], p1 = c->full[i + 1], p2 = c->full[i + 2], p3 = c->full[i + 3];
                 const int *x0 = c->x + (size_t)p0 * K, *x1 = c->x + (size_t)p1 * K;
                 const int *x2 = c->x + (size_t)p2 * K, *x3 = c->x + (size_t)p3 * K;
-                double a0[8], a1[8], a2[8], a3[8];
-                for (int l = 0; l < 8; l++)
-                    a0[l] = a1[l] = a2[l] = a3[l] = hp[o0 + l];
+                CV_LANES(a0);
+                CV_LANES(a1);
+                CV_LANES(a2);
+                CV_LANES(a3);
+                CV_SET(a0, hp + o0);
+                CV_SET(a1, hp + o0);
+                CV_SET(a2, hp + o0);
+                CV_SET(a3, hp + o0);
                 for (int k = 0; k < K; k++) {
                     const double *w = wp + (size_t)k * OP + o0;
                     const double s0 = v[x0[k]], s1 = v[x1[k]], s2 = v[x2[k]], s3 = v[x3[k]];
-                    for (int l = 0; l < 8; l++) {
-                        a0[l] += w[l] * s0;
-                        a1[l] += w[l] * s1;
-                        a2[l] += w[l] * s2;
-                        a3[l] += w[l] * s3;
-                    }
+                    CV_MADD(a0, w, s0);
+                    CV_MADD(a1, w, s1);
+                    CV_MADD(a2, w, s2);
+                    CV_MADD(a3, w, s3);
                 }
                 for (int l = 0; l < n; l++) {
-                    v[c->y[p0 * O + o0 + l]] = a0[l];
-                    v[c->y[p1 * O + o0 + l]] = a1[l];
-                    v[c->y[p2 * O + o0 + l]] = a2[l];
-                    v[c->y[p3 * O + o0 + l]] = a3[l];
+                    v[c->y[p0 * O + o0 + l]] = CV_GET(a0, l);
+                    v[c->y[p1 * O + o0 + l]] = CV_GET(a1, l);
+                    v[c->y[p2 * O + o0 + l]] = CV_GET(a2, l);
+                    v[c->y[p3 * O + o0 + l]] = CV_GET(a3, l);
                 }
             }
             for (; i < c->nfull; i++) {
                 const int p0 = c->full[i];
                 const int *x0 = c->x + (size_t)p0 * K;
-                double a0[8];
-                for (int l = 0; l < 8; l++)
-                    a0[l] = hp[o0 + l];
-                for (int k = 0; k < K; k++) {
-                    const double *w = wp + (size_t)k * OP + o0;
-                    const double s0 = v[x0[k]];
-                    for (int l = 0; l < 8; l++)
-                        a0[l] += w[l] * s0;
-                }
+                CV_LANES(a0);
+                CV_SET(a0, hp + o0);
+                for (int k = 0; k < K; k++)
+                    CV_MADD(a0, wp + (size_t)k * OP + o0, v[x0[k]]);
                 for (int l = 0; l < n; l++)
-                    v[c->y[p0 * O + o0 + l]] = a0[l];
+                    v[c->y[p0 * O + o0 + l]] = CV_GET(a0, l);
             }
         }
         for (int i = 0; i < c->npart; i++) {
@@ -98,32 +114,29 @@ CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
     }
 }
 
-/* Input gradient: each input's gradient gets w * gy from every window that
- * reads it, in the interpreter's backward order (rows by descending rank,
- * a row's offsets last to first). Inputs whose lists read the same weights
- * in the same order share a chunk of 8 lanes: per step one weight, and each
- * lane's own gy. Chunk q: lanes cx[8q..8q+7] (the first cn[q] real; the
- * others repeat lane 0 and are not stored), steps cs[q]..cs[q+1]-1 of cw
- * (p index of the weight) and cg (8 row indices of gy per step). */
+/* Input gradient: the rows in the interpreter's backward order (rows[],
+ * descending rank), each row's offsets last to first: gx += W[o][k] * gy, as
+ * the interpreter's backward adds them. Every input's contributions then
+ * come in its own order (a subsequence of that one). The offsets of one
+ * window are distinct inputs: the adds of a row are independent.
+ * xg[p*K + k]: the row index of x[p][k] when its gradient is needed, else -1. */
 static void
-CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1)
+CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch)
 {
-    const double *CV_RESTRICT p = b->p;
+    const int O = c->O, K = c->K, P = c->P;
+    double *CV_RESTRICT wk = (double *)scratch;       /* W[o][k] at o*K + k */
+    for (int i = 0; i < O * K; i++)
+        wk[i] = b->p[c->w[i]];
     for (int r = r0; r < r1; r++) {
         double *CV_RESTRICT g = ROW(b->g, r);
-        for (int q = 0; q < c->nchunks; q++) {
-            const int *lane = c->cx + 8 * q;
-            double acc[8];
-            for (int l = 0; l < 8; l++)
-                acc[l] = g[lane[l]];
-            for (int t = c->cs[q]; t < c->cs[q + 1]; t++) {
-                const double w = p[c->cw[t]];
-                const int *gi = c->cg + 8 * (size_t)t;
-                for (int l = 0; l < 8; l++)
-                    acc[l] += w * g[gi[l]];
-            }
-            for (int l = 0; l < c->cn[q]; l++)
-                g[lane[l]] = acc[l];
+        for (int i = 0; i < O * P; i++) {
+            const int o = c->rows[i] / P, p0 = c->rows[i] % P;
+            const double gy = g[c->y[p0 * O + o]];
+            const double *w = wk + (size_t)o * K;
+            const int *xs = c->xg + (size_t)p0 * K;
+            for (int k = K - 1; k >= 0; k--)
+                if (xs[k] >= 0)
+                    g[xs[k]] += w[k] * gy;
         }
     }
 }
@@ -135,15 +148,18 @@ CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1)
 static void
 CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts, void *scratch)
 {
-    const int O = c->O, K = c->K, P = c->P;
+    const int O = c->O, K = c->K, P = c->P, KP = (K + 7) & ~7;
     const int o0 = O * part / parts, o1 = O * (part + 1) / parts, n = o1 - o0;
     if (n <= 0)
         return;
-    double *CV_RESTRICT acc = (double *)scratch, *CV_RESTRICT xk = acc + (size_t)n * K;
-    double *CV_RESTRICT ah = xk + K;
+    /* per channel KP running sums (the lanes past K add 0 * gy and are never stored) */
+    double *CV_RESTRICT acc = (double *)scratch, *CV_RESTRICT xk = acc + (size_t)n * KP;
+    double *CV_RESTRICT ah = xk + KP;
+    for (int k = K; k < KP; k++)
+        xk[k] = 0.0;
     for (int o = o0; o < o1; o++) {
-        for (int k = 0; k < K; k++)
-            acc[(size_t)(o - o0) * K + k] = b->gp[c->w[o * K + k]];
+        for (int k = 0; k < KP; k++)
+            acc[(size_t)(o - o0) * KP + k] = k < K ? b->gp[c->w[o * K + k]] : 0.0;
         ah[o - o0] = b->gp[c->h[o]];
     }
     for (int r = 0; r < rows; r++) {
@@ -156,15 +172,19 @@ CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts
                     xk[k] = v[xs[k]];
                 for (int o = o0; o < o1; o++) {
                     const double gy = g[ys[o]];
-                    double *CV_RESTRICT a = acc + (size_t)(o - o0) * K;
-                    for (int k = 0; k < K; k++)
-                        a[k] += xk[k] * gy;
+                    double *CV_RESTRICT a = acc + (size_t)(o - o0) * KP;
+                    for (int k = 0; k < KP; k += 8) {
+                        CV_LANES(t);
+                        CV_SET(t, a + k);
+                        CV_MADD(t, xk + k, gy);
+                        CV_PUT(a + k, t);
+                    }
                     ah[o - o0] += gy;
                 }
             } else {
                 for (int o = o0; o < o1; o++) {
                     const double gy = g[ys[o]];
-                    double *CV_RESTRICT a = acc + (size_t)(o - o0) * K;
+                    double *CV_RESTRICT a = acc + (size_t)(o - o0) * KP;
                     for (int k = 0; k < K; k++)
                         if (xs[k] >= 0)
                             a[k] += v[xs[k]] * gy;
@@ -175,7 +195,7 @@ CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts
     }
     for (int o = o0; o < o1; o++) {
         for (int k = 0; k < K; k++)
-            b->gp[c->w[o * K + k]] = acc[(size_t)(o - o0) * K + k];
+            b->gp[c->w[o * K + k]] = acc[(size_t)(o - o0) * KP + k];
         b->gp[c->h[o]] = ah[o - o0];
     }
 }
@@ -187,3 +207,9 @@ CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts
 #    pragma GCC pop_options
 #  endif
 #endif
+#undef CV_V8
+#undef CV_LANES
+#undef CV_SET
+#undef CV_MADD
+#undef CV_GET
+#undef CV_PUT

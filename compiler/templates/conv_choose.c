@@ -2,7 +2,7 @@
  * ask for fewer); every set gives the same bits. Chosen on first use. */
 typedef struct {
     void (*fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch);
-    void (*bgx)(const ConvOp *c, const Block *b, int r0, int r1);
+    void (*bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch);
     void (*bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts, void *scratch);
 } ConvKernels;
 
