@@ -324,7 +324,7 @@ def test_random_conv_nets_train_to_the_same_bits_at_any_thread_count(threads):
     import numpy as np
     for seed in (20 + threads, 30 + threads):
         spec, build, samples, param_values = conv_net_case(seed)
-        X = np.array(samples * 3)
+        X = np.array(samples * 12)     # 24 rows: every thread count runs 8 images in the lanes of one vector
         assert_train_batch_matches_interpreter(build, X, param_values, 0.1, COMPILERS[(seed + threads) % len(COMPILERS)],
                                                steps=2, threads=threads)
 

@@ -90,11 +90,15 @@ class ConvRenderer:
         # the input gradient: the rows in backward order, the inputs whose gradient is needed
         flags = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
         needed = (op.x >= 0) & flags[np.maximum(op.x, 0)]
+        xg = np.where(needed, x, -1) if id(op) in self._bgx else np.full_like(x, -1)
+        xlist, xid = np.unique(xg[xg >= 0], return_inverse=True)
+        ids = np.full(xg.shape, -1, dtype=np.int64)
+        ids[xg >= 0] = xid
         lines += [_table(f'{name}_rows', np.argsort(-op.rank.ravel(), kind='stable')),
-                  _table(f'{name}_xg', np.where(needed, x, -1).ravel() if id(op) in self._bgx else [])]
+                  _table(f'{name}_xg', xg.ravel()), _table(f'{name}_xlist', xlist), _table(f'{name}_xid', ids.ravel())]
         lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
                      f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
-                     f'{name}_is_full, {name}_rows, {name}_xg}};')
+                     f'{name}_is_full, {name}_rows, {name}_xg, {len(xlist)}, {name}_xlist, {name}_xid}};')
         return '\n'.join(lines)
 
     def step(self, op, forward):
@@ -118,5 +122,7 @@ class ConvRenderer:
         for op in self.ops:
             O, K = op.weights.shape
             KP = _round_up(K, LANES)
-            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * KP + KP + O))
+            n_x = len(np.unique(op.x[op.x >= 0]))
+            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * KP + KP + O),
+                       8 * (_round_up(O * K, LANES) + LANES * (O * len(op.x) + n_x)))
         return _round_up(need + 64, 64)

@@ -23,6 +23,9 @@ typedef struct {
     const unsigned char *is_full;   /* [P] */
     const int *rows;           /* input gradient: rows o*P + p by descending rank */
     const int *xg;             /* [P*K]: x's row index where its gradient is needed, else -1 */
+    int nx;                    /* the inputs whose gradient is needed: */
+    const int *xlist;          /* [nx] their row indices */
+    const int *xid;            /* [P*K]: x's index in xlist, else -1 */
 } ConvOp;
 
 #if defined(__GNUC__) && !defined(__TINYC__)

@@ -117,17 +117,51 @@ CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
 /* Input gradient: the rows in the interpreter's backward order (rows[],
  * descending rank), each row's offsets last to first: gx += W[o][k] * gy, as
  * the interpreter's backward adds them. Every input's contributions then
- * come in its own order (a subsequence of that one). The offsets of one
- * window are distinct inputs: the adds of a row are independent.
- * xg[p*K + k]: the row index of x[p][k] when its gradient is needed, else -1. */
+ * come in its own order (a subsequence of that one). Eight images at a time
+ * run as the lanes of one vector: their gy and gx are copied into lanes
+ * (gyT[(o*P + p)*8 + l], gxT[j*8 + l] for input j of xlist) and back; the
+ * images left over run one by one. xg[p*K + k] (xid[p*K + k]): the row
+ * index (the index in xlist) of x[p][k] when its gradient is needed, else -1. */
 static void
 CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch)
 {
-    const int O = c->O, K = c->K, P = c->P;
+    const int O = c->O, K = c->K, P = c->P, NX = c->nx;
     double *CV_RESTRICT wk = (double *)scratch;       /* W[o][k] at o*K + k */
+    double *CV_RESTRICT gyT = wk + (((size_t)O * K + 7) & ~(size_t)7);
+    double *CV_RESTRICT gxT = gyT + (size_t)O * P * 8;
     for (int i = 0; i < O * K; i++)
         wk[i] = b->p[c->w[i]];
-    for (int r = r0; r < r1; r++) {
+    int r = r0;
+    for (; r + 8 <= r1; r += 8) {
+        for (int l = 0; l < 8; l++) {
+            const double *CV_RESTRICT g = ROW(b->g, r + l);
+            for (int o = 0; o < O; o++)
+                for (int p0 = 0; p0 < P; p0++)
+                    gyT[((size_t)o * P + p0) * 8 + l] = g[c->y[p0 * O + o]];
+            for (int j = 0; j < NX; j++)
+                gxT[(size_t)j * 8 + l] = g[c->xlist[j]];
+        }
+        for (int i = 0; i < O * P; i++) {
+            const int o = c->rows[i] / P, p0 = c->rows[i] % P;
+            const double *gy = gyT + (size_t)c->rows[i] * 8;
+            const double *w = wk + (size_t)o * K;
+            const int *xs = c->xid + (size_t)p0 * K;
+            for (int k = K - 1; k >= 0; k--)
+                if (xs[k] >= 0) {
+                    double *CV_RESTRICT gx = gxT + (size_t)xs[k] * 8;
+                    CV_LANES(t);
+                    CV_SET(t, gx);
+                    CV_MADD(t, gy, w[k]);
+                    CV_PUT(gx, t);
+                }
+        }
+        for (int l = 0; l < 8; l++) {
+            double *CV_RESTRICT g = ROW(b->g, r + l);
+            for (int j = 0; j < NX; j++)
+                g[c->xlist[j]] = gxT[(size_t)j * 8 + l];
+        }
+    }
+    for (; r < r1; r++) {
         double *CV_RESTRICT g = ROW(b->g, r);
         for (int i = 0; i < O * P; i++) {
             const int o = c->rows[i] / P, p0 = c->rows[i] % P;
