@@ -35,6 +35,7 @@ ALLOWED = {
     'compiler.templates': set(),
     'compiler.trace': {'micrograd', 'compiler.ir'},
     'compiler.vectorize': {'compiler.ir'},
+    'compiler.conv': {'compiler.ir'},
     'compiler.codegen': {'compiler.ir', 'compiler.constants', 'compiler.templates', 'compiler.optim'},
     # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
     'compiler.build.errors': set(),

@@ -1,7 +1,7 @@
 """The LeNet of ``mnist_data.lenet_graph``: its shape and parameter order,
 its compiled loss and gradients against the interpreter (the real LeNet with
-tcc: convolutions are not lifted yet, so it compiles as ~250,000 scalar ops,
-about 15 s with tcc; a small LeNet with every compiler), ``mnist_train.py
+tcc, its convolutions lifted into two ``Conv`` ops; a small LeNet with every
+compiler), ``mnist_train.py
 --model lenet`` end to end with --save, --load and --export, the refusal of
 another model's weights file, and ``benchmarks/bench_conv.py --quick``."""
 import json
