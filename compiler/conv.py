@@ -13,8 +13,8 @@ them). This pass:
    and whose other terms are products ``w * x`` used once, ``w`` a
    parameter and ``x`` a value of the rows (an input or a computed slot).
 2. Channels: rows sharing one head are one output channel; its weights are
-   its longest row's, and every row reads a part of them in that order (a
-   window cut by the padding leaves terms out). A channel is kept when its
+   all its rows' weights in slot order, and every row reads a part of them
+   in that order (a window cut by the padding leaves terms out). A channel is kept when its
    weights and head are read by its rows only.
 3. Layers: channels whose rows read the same windows (the same inputs at
    the same kernel offsets) in the same order are one ``Conv``; when its
@@ -39,7 +39,7 @@ import numpy as np
 
 from compiler.ir import Conv, MatVec, OP_CODES, Op, Program, ScalarArrays, Sum, needs_grad
 
-_TIMES = OP_CODES['*']
+_PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 
 
 def lift_convs(program):
@@ -108,31 +108,52 @@ class _Row:
 
 def _rows(g):
     """The Sums of the loss's cone that are a parameter head and then
-    products ``w * x`` (``w`` a parameter, ``x`` in the rows), each used once."""
+    products ``w * x`` (``w`` a parameter, ``x`` in the rows), each used
+    once; and the '+' ops of a head and one such product (a window that the
+    padding cuts to one term)."""
     sums = [(i, op) for i, op in g.lifted.items() if type(op) is Sum and i < g.cone and len(op.terms) >= 2]
-    if not sums:
-        return []
-    lengths = np.array([len(op.terms) - 1 for _, op in sums])
-    heads = np.array([op.terms[0] for _, op in sums], dtype=np.int64)
-    flat = np.concatenate([np.asarray(op.terms[1:], dtype=np.int64) for _, op in sums])
-    pos = g.producer[flat]
+    rows = []
+    if sums:
+        lengths = np.array([len(op.terms) - 1 for _, op in sums])
+        heads = np.array([op.terms[0] for _, op in sums], dtype=np.int64)
+        flat = np.concatenate([np.asarray(op.terms[1:], dtype=np.int64) for _, op in sums])
+        ok, pos, w, x = _products(g, flat)
+        starts = np.cumsum(lengths) - lengths
+        row_ok = np.logical_and.reduceat(ok, starts) & g.is_param(heads)
+        for r in np.flatnonzero(row_ok).tolist():
+            i, op = sums[r]
+            s, e = starts[r], starts[r] + lengths[r]
+            rows.append(_Row(i, op.out, int(heads[r]), w[s:e], x[s:e], pos[s:e]))
+    a = g.arrays
+    plus = np.flatnonzero((a.code == _PLUS) & (g.spos < g.cone))
+    for first in (True, False):
+        head, term = (a.a[plus], a.b[plus]) if first else (a.b[plus], a.a[plus])
+        ok, pos, w, x = _products(g, term)
+        ok &= g.is_param(head)
+        for j in np.flatnonzero(ok).tolist():
+            k = plus[j]
+            rows.append(_Row(int(g.spos[k]), int(a.out[k]), int(head[j]), w[j:j + 1], x[j:j + 1], pos[j:j + 1]))
+        plus = plus[~ok]           # (a '+' of two such products: a row once)
+    return rows
+
+
+def _products(g, slots):
+    """Whether each slot is a product ``w * x`` of the cone used once, ``w``
+    a parameter and ``x`` in the rows; its position, ``w`` and ``x``."""
+    pos = g.producer[slots]
     j = g.scalar_at[np.maximum(pos, 0)]
-    ok = (pos >= 0) & (pos < g.cone) & (j >= 0) & (g.uses[flat] == 1)
+    ok = (pos >= 0) & (pos < g.cone) & (j >= 0) & (g.uses[slots] == 1)
+    if not len(g.arrays.code):
+        return ok, pos, slots, slots          # no scalar ops: no products
     ok[ok] &= g.arrays.code[j[ok]] == _TIMES
+    j = np.where(ok, j, 0)
     a, b = g.arrays.a[j], g.arrays.b[j]
     a_param, b_param = g.is_param(a), g.is_param(b)
     ok &= a_param != b_param
     w = np.where(a_param, a, b)
     x = np.where(a_param, b, a)
     ok &= g.is_row(x)
-    starts = np.cumsum(lengths) - lengths
-    row_ok = np.logical_and.reduceat(ok, starts) & g.is_param(heads)
-    rows = []
-    for r in np.flatnonzero(row_ok).tolist():
-        i, op = sums[r]
-        s, e = starts[r], starts[r] + lengths[r]
-        rows.append(_Row(i, op.out, int(heads[r]), w[s:e], x[s:e], pos[s:e]))
-    return rows
+    return ok, pos, w, x
 
 
 # -- 2. channels -------------------------------------------------------------------
@@ -152,9 +173,9 @@ def _channels(g, rows):
     channels = []
     for head, members in by_head.items():
         members.sort(key=lambda r: r.pos)
-        full = max(members, key=lambda r: len(r.w)).w
-        if len(np.unique(full)) != len(full):
-            continue
+        # the channel's weights: every row's, in slot order (Conv2d's offset
+        # order); each row must read them in that order (checked below)
+        full = np.unique(np.concatenate([r.w for r in members]))
         index = {int(s): k for k, s in enumerate(full.tolist())}
         ks, ok, count = [], True, np.zeros(len(full), dtype=np.int64)
         for row in members:
@@ -186,6 +207,8 @@ def _layers(g, channels):
         members.sort(key=lambda ch: ch.rows[0].pos)
         first, K = members[0], len(members[0].weights)
         P = len(first.rows)
+        if P < 2:
+            continue       # one position: a dot product, not a kernel applied at several
         x = np.full((P, K), -1, dtype=np.int64)
         for p, (k, row) in enumerate(zip(first.ks, first.rows)):
             x[p, k] = row.x

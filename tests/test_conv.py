@@ -303,9 +303,20 @@ def test_random_conv_nets_are_bit_identical_with_the_pass(seed):
     spec, build, samples, param_values = conv_net_case(seed)
     cc = COMPILERS[seed % len(COMPILERS)]
     model = assert_matches_interpreter(build, samples, param_values, cc, input_grads=seed % 3 == 0)
-    # a layer is lifted when its sums are folds of products with a bias head
-    if spec['k2'] * spec['k2'] * spec['c1'] >= 2 and spec['p2'] == 0:
-        assert lifted_convs(model), f"{spec}: the second conv was not lifted"
+    # every conv applied at two positions or more is lifted, padding or not
+    assert len(lifted_convs(model)) == sum(positions >= 2 for positions in conv_positions(spec)), spec
+
+
+def conv_positions(spec):
+    """The output positions of each conv of ``random_net_spec``."""
+    def out(size, k, s, p):
+        return (size + 2 * p - k) // s + 1
+    h1, w1 = out(spec['h'], spec['k1'], spec['s1'], spec['p1']), out(spec['w'], spec['k1'], spec['s1'], spec['p1'])
+    h, w = h1, w1
+    if spec['pool']:
+        _, k, s = spec['pool']
+        h, w = out(h, k, s, 0), out(w, k, s, 0)
+    return h1 * w1, out(h, spec['k2'], spec['s2'], spec['p2']) * out(w, spec['k2'], spec['s2'], spec['p2'])
 
 
 @needs_cc
