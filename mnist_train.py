@@ -312,8 +312,7 @@ def parse_args(argv):
     parser.add_argument('--model', choices=MODELS, default='mlp',
                         help='mlp: an MLP (the default); lenet: a LeNet-5 style conv net (conv 5x5 '
                              'with 6 channels, max-pool 2, conv 5x5 with 16, max-pool 2, then '
-                             'linear layers); its convolutions are not lifted yet: they run as '
-                             'scalar code, exact but slow')
+                             'linear layers); each convolution compiles to one lifted op')
     parser.add_argument('--hidden', metavar='N,N', type=hidden_sizes,
                         help=f'hidden linear layer sizes, e.g. 50 (the MLP\'s default) or 128,64 '
                              f'(LeNet\'s default: 120,84); {NO_HIDDEN} for no hidden layer')

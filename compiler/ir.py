@@ -672,3 +672,45 @@ def positions_of_writes(program):
         else:
             out.update(dict.fromkeys(op.writes, p))
     return out
+=======
+@dataclass(eq=False)
+class Conv:
+    """A kernel applied at every position: ``y[o][p] = heads[o] + W[o][k0]*x[p][k0] + W[o][k1]*x[p][k1] + ...``
+    over the kernel offsets ``k`` with ``x[p][k] >= 0``, in ascending ``k``,
+    added left to right (a window cut by the padding leaves offsets out).
+
+    ``weights[o][k]`` is the parameter slot of channel ``o``'s weight ``k``
+    (``O x K``), ``heads[o]`` its head (a parameter slot), ``x[p][k]`` the slot
+    of position ``p``'s input at offset ``k`` (``P x K``, -1: none),
+    ``y[o][p]`` the output slot (``O x P``); numpy arrays of int64.
+    ``rank[o][p]`` is the place of row ``(o, p)`` in the interpreter's
+    forward order: its backward reaches the rows in descending rank, each
+    row's terms last to first, which fixes the order of the contributions to
+    the gradient of each weight, head and input. ``grad_x`` says whether the
+    inputs' gradient is needed (each input is then read by this op alone).
+    """
+    weights: object
+    heads: object
+    x: object
+    y: object
+    rank: object
+    grad_x: bool
+
+    @property
+    def reads(self):
+        x = self.x
+        return x[x >= 0].tolist() + self.weights.ravel().tolist() + self.heads.tolist()
+
+    @property
+    def writes(self):
+        return self.y.ravel().tolist()
+
+    @property
+    def macs(self):
+        """Multiply-adds of one forward."""
+        return int((self.x >= 0).sum()) * len(self.weights)
+
+    def __str__(self):
+        O, K = self.weights.shape
+        return (f'{slot_list(self.y.ravel().tolist()[:4])}.. = conv({O} channels x {len(self.x)} positions, '
+                f'W=[{O}x{K}] %{self.weights.min()}.., heads={slot_list(self.heads.tolist())})')

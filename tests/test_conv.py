@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from micrograd import Value, cross_entropy
 from micrograd.nn import AvgPool2d, Conv2d, Flatten, Layer, MaxPool2d, ReLU, Sequential
-from tests.differential import COMPILERS, assert_matches_interpreter, needs_cc, same
+from tests.differential import (COMPILERS, FAST_CC, assert_matches_interpreter, assert_train_batch_matches_interpreter,
+                                needs_cc, same)
 
 
 def image(channels, rows, cols, rng, scale=1.0):
@@ -213,3 +214,150 @@ def test_a_small_conv_net_compiles_to_the_interpreters_bits(cc):
     samples = [[rng.choice((0.0, rng.uniform(0, 1))) for _ in range(side * side)]
                + [1.0 if i == k else 0.0 for i in range(4)] for k in range(3)]
     assert_matches_interpreter(build, samples, param_values, cc)
+
+
+# -- the convolution pass (compiler/conv.py): random small conv nets against the interpreter --
+
+def random_net_spec(seed):
+    """A random small conv net that fits its image: conv (kernel 1-5, stride
+    1-2, padding 0-2, 1-4 channels) -> relu -> pooling (max, avg or none) ->
+    conv -> relu -> flatten -> 3 logits, on an odd-sized image."""
+    rng = random.Random(seed)
+    while True:
+        spec = dict(cin=rng.randint(1, 3), c1=rng.randint(1, 4), k1=rng.randint(1, 5), s1=rng.randint(1, 2),
+                    p1=rng.randint(0, 2), pool=rng.choice([None, ('max', 2, 2), ('avg', 2, 2), ('max', 3, 1)]),
+                    c2=rng.randint(1, 4), k2=rng.randint(1, 4), s2=rng.randint(1, 2), p2=rng.randint(0, 2),
+                    h=rng.choice([5, 7, 9, 11]), w=rng.choice([5, 7, 9]))
+        if spec['p1'] >= spec['k1'] or spec['p2'] >= spec['k2']:
+            continue       # PyTorch's rule: padding below the kernel
+        try:
+            net = conv_net(spec, None)
+            net([[[Value(0.0)] * spec['w'] for _ in range(spec['h'])] for _ in range(spec['cin'])])
+        except ValueError:
+            continue       # the image is too small for this stack
+        return spec
+
+
+def conv_net(spec, params):
+    rng = random.Random(1)
+    modules = [Conv2d(spec['cin'], spec['c1'], spec['k1'], stride=spec['s1'], padding=spec['p1'], rng=rng), ReLU()]
+    if spec['pool']:
+        kind, k, s = spec['pool']
+        modules.append((MaxPool2d if kind == 'max' else AvgPool2d)(k, stride=s))
+    modules += [Conv2d(spec['c1'], spec['c2'], spec['k2'], stride=spec['s2'], padding=spec['p2'], rng=rng), ReLU(),
+                Flatten()]
+    net = Sequential(*modules)
+    if params is not None:
+        it = iter(params)
+        for m in net.modules:
+            if isinstance(m, Conv2d):
+                m.w = [[next(it) for _ in w] for w in m.w]
+                m.b = [next(it) for _ in m.b]
+        head = list(it)
+        return lambda image: _logits(net(image), head)
+    return net
+
+
+def _logits(features, head):
+    """3 linear logits over the features, from the parameters left after the convs."""
+    n = len(features)
+    return [sum((head[o * (n + 1) + i] * f for i, f in enumerate(features)), head[o * (n + 1) + n])
+            for o in range(3)]
+
+
+def conv_net_case(seed):
+    """``(build, samples, parameter values)`` of ``random_net_spec(seed)``:
+    inputs are the image (channel, row, column), then a one-hot label of 3."""
+    spec = random_net_spec(seed)
+    rng = random.Random(seed)
+    cin, h, w = spec['cin'], spec['h'], spec['w']
+    conv_params = conv_net(spec, None).parameters()
+    probe = conv_net(spec, None)([[[Value(0.0)] * w for _ in range(h)] for _ in range(cin)])
+    n_features = len(probe)
+    n_params = len(conv_params) + 3 * (n_features + 1)
+    param_values = [rng.uniform(-1, 1) for _ in range(n_params)]
+    n_pixels = cin * h * w
+
+    def build(inputs, params):
+        image = [[inputs[(c * h + r) * w:(c * h + r + 1) * w] for r in range(h)] for c in range(cin)]
+        logits = conv_net(spec, params)(image)
+        return cross_entropy(logits, inputs[n_pixels:]), logits
+    samples = [[rng.choice((0.0, rng.uniform(-1, 1))) for _ in range(n_pixels)]
+               + [1.0 if i == k else 0.0 for i in range(3)] for k in range(2)]
+    return spec, build, samples, param_values
+
+
+def lifted_convs(model):
+    from compiler.ir import Conv
+    return [op for op in model.program.ops if type(op) is Conv]
+
+
+# a sample of the grid (kernel, stride, padding, channels, pooling, image size),
+# each case with one of the compilers in turn: seeds chosen to cover each value
+CASES = list(range(12))
+
+
+@needs_cc
+@pytest.mark.parametrize('seed', CASES)
+def test_random_conv_nets_are_bit_identical_with_the_pass(seed):
+    spec, build, samples, param_values = conv_net_case(seed)
+    cc = COMPILERS[seed % len(COMPILERS)]
+    model = assert_matches_interpreter(build, samples, param_values, cc, input_grads=seed % 3 == 0)
+    # every conv applied at two positions or more is lifted, padding or not
+    assert len(lifted_convs(model)) == sum(positions >= 2 for positions in conv_positions(spec)), spec
+
+
+def conv_positions(spec):
+    """The output positions of each conv of ``random_net_spec``."""
+    def out(size, k, s, p):
+        return (size + 2 * p - k) // s + 1
+    h1, w1 = out(spec['h'], spec['k1'], spec['s1'], spec['p1']), out(spec['w'], spec['k1'], spec['s1'], spec['p1'])
+    h, w = h1, w1
+    if spec['pool']:
+        _, k, s = spec['pool']
+        h, w = out(h, k, s, 0), out(w, k, s, 0)
+    return h1 * w1, out(h, spec['k2'], spec['s2'], spec['p2']) * out(w, spec['k2'], spec['s2'], spec['p2'])
+
+
+@needs_cc
+@pytest.mark.parametrize('seed', CASES[:4])
+def test_random_conv_nets_are_bit_identical_without_the_pass(seed, monkeypatch):
+    import compiler
+    monkeypatch.setattr(compiler, 'lift_convs', lambda program: program)
+    spec, build, samples, param_values = conv_net_case(seed)
+    model = assert_matches_interpreter(build, samples, param_values, FAST_CC)    # straight-line: tcc builds it quickest
+    assert not lifted_convs(model)
+
+
+@needs_cc
+@pytest.mark.parametrize('threads', [1, 2, 3])
+def test_random_conv_nets_train_to_the_same_bits_at_any_thread_count(threads):
+    import numpy as np
+    for seed in (20 + threads, 30 + threads):
+        spec, build, samples, param_values = conv_net_case(seed)
+        X = np.array(samples * 12)     # 24 rows: every thread count runs 8 images in the lanes of one vector
+        assert_train_batch_matches_interpreter(build, X, param_values, 0.1, COMPILERS[(seed + threads) % len(COMPILERS)],
+                                               steps=2, threads=threads)
+
+
+def test_random_specs_cover_the_grid():
+    specs = [random_net_spec(s) for s in CASES + [21, 22, 23, 31, 32, 33]]
+    assert {s['k1'] for s in specs} | {s['k2'] for s in specs} >= {1, 2, 3, 4, 5}
+    assert {s['s1'] for s in specs} | {s['s2'] for s in specs} == {1, 2}
+    assert {s['p1'] for s in specs} | {s['p2'] for s in specs} == {0, 1, 2}
+    assert {s['c1'] for s in specs} | {s['c2'] for s in specs} >= {1, 2, 3, 4}
+    assert {s['pool'] for s in specs} >= {None, ('max', 2, 2), ('avg', 2, 2)}
+
+
+@needs_cc
+def test_a_conv_weight_with_another_use_is_left_to_scalar_code():
+    """A weight that a regulariser also reads: its gradient is not the
+    channel's alone, so that channel stays as it was; still exact."""
+    spec, build, samples, param_values = conv_net_case(3)
+
+    def regularised(inputs, params):
+        loss, logits = build(inputs, params)
+        return loss + params[0] * params[0], logits
+    model = assert_matches_interpreter(regularised, samples, param_values, COMPILERS[0])
+    for op in lifted_convs(model):
+        assert model.program.param_slots[0] not in op.weights

@@ -8,13 +8,14 @@ import math
 import numpy as np
 
 from compiler.codegen import blob, loops, table
+from compiler.codegen.conv import ConvRenderer
 from compiler.codegen.layout import Layout
 from compiler.codegen.matmat import MatMatRenderer
 from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
-from compiler.ir import MatMat, MatVec, needs_grad, prefix_cuts, unfolded
+from compiler.ir import Conv, MatMat, MatVec, needs_grad, prefix_cuts, unfolded
 
 
 class _Functions:
@@ -140,6 +141,7 @@ class _Program:
         self.scalar = ScalarRenderer(self.layout)
         self.matvecs = MatVecRenderer(program, self.layout, self.flags, self.block)
         self.matmats = MatMatRenderer(program, self.layout, self.flags, self.matvecs)
+        self.convs = ConvRenderer(program, self.layout, self.flags)
         self.functions = _Functions()
         # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
         self.cuts = prefix_cuts(program) if program.prefix_sums else []
@@ -168,6 +170,9 @@ class _Program:
             elif type(op) is MatMat:
                 flush()
                 steps += self._matmat_step(op, direction == 'forward')
+            elif type(op) is Conv:
+                flush()
+                steps += self.convs.step(op, direction == 'forward')
             else:
                 run.append(op)
         flush()
@@ -238,6 +243,9 @@ class _Program:
             elif type(op) is MatMat:
                 flush_sums()
                 steps += self._matmat_step(op, forward)
+            elif type(op) is Conv:
+                flush_sums()
+                steps += self.convs.step(op, forward)
             else:
                 sums_run.append(op)
         flush_sums()
@@ -335,6 +343,7 @@ class _Program:
         lay = self.layout
         out = ['static void\nparam_grads(const Block *b, int rows, int part, int parts, void *scratch)\n{']
         out += ['    ' + call for call in self.matvecs.weight_grad_calls() + self.matmats.weight_grad_calls()]
+        out += ['    ' + call for call in self.convs.weight_grad_calls()]
         uses = {s: u for s, u in lay.param_uses.items() if s not in self.matvecs.mixed_params}
         if uses:
             params = list(uses)
@@ -369,6 +378,7 @@ class _Program:
         out.append(_init_constants(lay, program.constants, table=self.table is not None))
         out += self.matvecs.functions()
         out += self.matmats.functions()
+        out += self.convs.functions()
         out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in self.matvecs.refresh()]
         out += ['    (void)p; (void)aux;\n}\n']
@@ -389,11 +399,12 @@ class _Program:
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n']
         out += self.param_grads()
         work = 3 * len(lay.scalar_part.arrays.code) + sum(
-            6 * op.rows * op.cols if type(op) is MatVec else loops.work(op)
+            6 * op.rows * op.cols if type(op) is MatVec else 6 * op.macs if type(op) is Conv else loops.work(op)
             for _, op in lay.lifted for op in unfolded([op]))
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
-                       recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes()),
+                       recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes(),
+                                                                self.convs.scratch_bytes()),
                        work_per_row=max(1, work), positions=len(self.cuts))
         return '\n'.join(out), numbers
 

@@ -1,0 +1,128 @@
+"""C of a ``Conv`` (a kernel applied at every position): per op, tables of
+where its numbers live (``templates/conv.c``'s ``ConvOp``) and calls of the
+fixed loops (``templates/conv_body.c``, built once per instruction set,
+chosen at first use by ``templates/conv_choose.c``).
+
+The tables carry every order the interpreter fixes: the forward adds each
+window's terms in offset order after the head; the input gradient's lists
+give each input its contributions in the interpreter's backward order (rows
+by descending rank, each row's offsets last to first); the weight gradient
+runs the positions in descending rank, row after row of a block.
+"""
+import numpy as np
+
+from compiler.ir import Conv
+from compiler.templates import read_template
+
+LANES = 8       # the forward loop's lanes: channels
+
+
+def _round_up(n, m):
+    return (n + m - 1) // m * m
+
+
+def _table(name, values):
+    values = [int(v) for v in values] or [0]
+    lines = [', '.join(map(str, values[i:i + 20])) for i in range(0, len(values), 20)]
+    return '\n'.join([f'static const int {name}[{len(values)}] = {{', *[f'    {line},' for line in lines], '};'])
+
+
+def fixed_loops():
+    """The Conv loops' C: what they share, the loops once per instruction
+    set this build may meet, and the choice of one."""
+    body = read_template('conv_body.c')
+
+    def built_for(isa, level):
+        return '\n'.join([f'#define CV_ISA {isa}', f'#define CV_LEVEL {level}', body,
+                          '#undef CV_LEVEL', '#undef CV_ISA'])
+    return '\n'.join([read_template('conv.c'),
+                      '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
+                      built_for('plain', -1),
+                      '#else', '#if defined(__x86_64__)', built_for('avx512', 2), built_for('avx2', 1), '#endif',
+                      built_for('base', 0),
+                      '#endif', read_template('conv_choose.c')])
+
+
+class ConvRenderer:
+    """Names, tables and calls of a program's ``Conv`` ops."""
+
+    def __init__(self, program, layout, flags):
+        self.program, self.layout, self.flags = program, layout, flags
+        if program.arrays is not None and program._ops is None:
+            self.ops = [op for _, op in program.lifted if type(op) is Conv]
+        else:
+            self.ops = [op for op in program.ops if type(op) is Conv]
+        self.name = {id(op): f'conv{i + 1}' for i, op in enumerate(self.ops)}
+        grad_ops = set(map(id, program.grad_ops)) if self.ops else set()
+        self.in_cone = [op for op in self.ops if id(op) in grad_ops]
+        self._bgx = {id(op) for op in self.in_cone if op.grad_x}
+
+    def _rows(self, slots):
+        return np.array([self.layout.row_index(int(s)) for s in slots.ravel()], dtype=np.int64).reshape(slots.shape)
+
+    def _shared(self, slots):
+        return np.array([self.layout.shared_index(int(s)) for s in slots.ravel()],
+                        dtype=np.int64).reshape(slots.shape)
+
+    def functions(self):
+        """The loops and, per op, its tables and its ``ConvOp``."""
+        if not self.ops:
+            return []
+        out = [fixed_loops()]
+        for op in self.ops:
+            out.append(self._tables(op))
+        return out
+
+    def _tables(self, op):
+        name = self.name[id(op)]
+        O, K = op.weights.shape
+        P = len(op.x)
+        x = np.where(op.x >= 0, self._rows(np.maximum(op.x, 0)), -1)
+        full = np.all(op.x >= 0, axis=1)
+        lines = [f'/* {op} */',
+                 _table(f'{name}_w', self._shared(op.weights).ravel()),
+                 _table(f'{name}_h', self._shared(op.heads)),
+                 _table(f'{name}_x', x.ravel()),
+                 _table(f'{name}_y', self._rows(op.y).T.ravel()),
+                 _table(f'{name}_full', np.flatnonzero(full)),
+                 _table(f'{name}_part', np.flatnonzero(~full)),
+                 f'static const unsigned char {name}_is_full[{P}] = {{{", ".join("1" if f else "0" for f in full)}}};']
+        # the input gradient: the rows in backward order, the inputs whose gradient is needed
+        flags = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
+        needed = (op.x >= 0) & flags[np.maximum(op.x, 0)]
+        xg = np.where(needed, x, -1) if id(op) in self._bgx else np.full_like(x, -1)
+        xlist, xid = np.unique(xg[xg >= 0], return_inverse=True)
+        ids = np.full(xg.shape, -1, dtype=np.int64)
+        ids[xg >= 0] = xid
+        lines += [_table(f'{name}_rows', np.argsort(-op.rank.ravel(), kind='stable')),
+                  _table(f'{name}_xg', xg.ravel()), _table(f'{name}_xlist', xlist), _table(f'{name}_xid', ids.ravel())]
+        lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
+                     f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
+                     f'{name}_is_full, {name}_rows, {name}_xg, {len(xlist)}, {name}_xlist, {name}_xid}};')
+        return '\n'.join(lines)
+
+    def step(self, op, forward):
+        """The calls running ``op`` over rows r0..r1 in one direction."""
+        name = self.name[id(op)]
+        if forward:
+            return [f'conv_kernels()->fwd(&{name}, b, r0, r1, scratch);   /* {op} */']
+        if id(op) not in self._bgx:
+            return []
+        call = f'conv_kernels()->bgx(&{name}, b, r0, r1, scratch);   /* input gradient of {name} */'
+        if int(op.x.max()) < self.program.n_inputs:
+            return ['if (b->input_grads)', '    ' + call]
+        return [call]
+
+    def weight_grad_calls(self):
+        return [f'conv_kernels()->bgw(&{self.name[id(op)]}, b, rows, part, parts, scratch);'
+                for op in self.in_cone]
+
+    def scratch_bytes(self):
+        need = 0
+        for op in self.ops:
+            O, K = op.weights.shape
+            KP = _round_up(K, LANES)
+            n_x = len(np.unique(op.x[op.x >= 0]))
+            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * KP + KP + O),
+                       8 * (_round_up(O * K, LANES) + LANES * (O * len(op.x) + n_x)))
+        return _round_up(need + 64, 64)
