@@ -66,9 +66,21 @@ main(int argc, char **argv)
     int *groups = malloc(sizeof(int) * G * 16);
     for (int i = 0; i < G * 16; i++)
         groups[i] = i < C ? i : -1;
-    double fwd = 1e30, bgw = 1e30;
+    int *perm = malloc(sizeof(int) * R);
+    for (int j = 0; j < R; j++)
+        perm[j] = R - 1 - j;
+    double *wq = aligned_alloc(64, sizeof(double) * (C + 64) * RP);
+    mv_pack_bgx(W, perm, R, C, RP, wq);
+    double fwd = 1e30, bgw = 1e30, bgx = 1e30;
+    unsigned long long macs[3] = {0, 0, 0};
     for (int rep = 0; rep < 15; rep++) {
+        for (int i = 0; i < 3; i++)
+            mv_macs[i] = 0;
         double t = cpu_ms();
+        K->bgx(wq, perm, R, C, 1, g + GY0, STRIDE, g, STRIDE, 0, ROWS, scratch);
+        t = cpu_ms() - t;
+        bgx = t < bgx ? t : bgx;
+        t = cpu_ms();
         K->fwd(wp, hp, R, C, 0, 1, v, STRIDE, v + GY0, STRIDE, 0, ROWS, scratch);
         t = cpu_ms() - t;
         fwd = t < fwd ? t : fwd;
@@ -76,6 +88,8 @@ main(int argc, char **argv)
         K->bgw(R, C, ROWS, xrow, gyrow, GW, RP, groups, 0, G, 0, RP / 16, scratch);
         t = cpu_ms() - t;
         bgw = t < bgw ? t : bgw;
+        for (int i = 0; i < 3; i++)
+            macs[i] = mv_macs[i];
     }
     const double dense = (double)ROWS * C * R;
     /* a checksum of the outputs: the same data gives the same bits in every checkout */
@@ -85,6 +99,12 @@ main(int argc, char **argv)
             sum += v[(size_t)r * STRIDE + GY0 + n];
     for (long i = 0; i < (long)C * RP; i++)
         sum += GW[i];
-    printf("%s\t%d\t%.3f\t%.1f\t%.3f\t%.1f\t%.17g\n", isa, R, fwd, dense / fwd / 1e6, bgw, dense / bgw / 1e6, sum);
+    for (int r = 0; r < ROWS; r++)
+        for (int k = 0; k < C; k++)
+            sum += g[(size_t)r * STRIDE + k];
+    /* isa R fwd-ms fwd-dense-GMAC/s bgw-ms bgw-dense-GMAC/s checksum, then the
+     * executed (after skipping) GMAC/s of fwd, bgw, and bgx's ms and executed GMAC/s */
+    printf("%s\t%d\t%.3f\t%.1f\t%.3f\t%.1f\t%.17g\t%.1f\t%.1f\t%.3f\t%.1f\n", isa, R, fwd, dense / fwd / 1e6, bgw,
+           dense / bgw / 1e6, sum, macs[0] / fwd / 1e6, macs[2] / bgw / 1e6, bgx, macs[1] / bgx / 1e6);
     return 0;
 }

@@ -31,7 +31,7 @@ MV_RB_MAX = 256
 # its threads share a block's rows, and parameter gradients are added up
 # over a block's rows (in row order) after its backward. A block's values and
 # gradients take at most BLOCK_BYTES (fewer rows when rows are large).
-BLOCK_ROWS = 256
+BLOCK_ROWS = 64
 BLOCK_BYTES = 16 << 20
 
 # Values of $MICROGRAD_KERNELS: the instruction set the loops may use at most

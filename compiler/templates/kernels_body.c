@@ -63,11 +63,15 @@ static inline V8 ISA(muls)(V8 v, double s) { V8 r; r.lo = v.lo * s; r.hi = v.hi 
 #endif
 #define RESTRICT __restrict
 #define ALIGN64 __attribute__((aligned(64)))
+#define MV_PREFETCH(p) __builtin_prefetch(p)
+#define MV_BGW_PREFETCH_BYTES (1 << 20)   /* see mv_bgw */
 #else
 #define MV_VMAX 8
 #define UNROLL
 #define RESTRICT
 #define ALIGN64
+#define MV_PREFETCH(p) ((void)(p))
+#define MV_BGW_PREFETCH_BYTES (1 << 20)
 #endif
 
 /* The core of every loop below: one tile of V vectors (8V lanes) of
@@ -489,7 +493,16 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
             for (int c = 0; c < K; c++)
                 terms += cols[c] >= 0 ? cnt[c] : 0;
             MV_COUNT(2, terms * e);
+            const int far = (size_t)K * W8 * sizeof(double) > MV_BGW_PREFETCH_BYTES;
             for (int c = 0; c < K; c++) {
+                /* where this part of GW is larger than about half of L2 (all of
+                 * it passes by once a block), the gradient rows two inputs on
+                 * are on the way from L3 while these sums run (784-256: 6-7%
+                 * less time, measured on an Intel Xeon; below that size it
+                 * only costs instructions) */
+                if (far && c + 2 < K && cols[c + 2] >= 0)
+                    for (int l = 0; l < nw; l += 8)
+                        MV_PREFETCH(GW + (size_t)cols[c + 2] * ldgw + L0 + n0 + l);
                 if (cols[c] < 0 || cnt[c] == 0)
                     continue;
                 double *gw = GW + (size_t)cols[c] * ldgw + L0 + n0;   /* room for round16(R) */
@@ -552,6 +565,8 @@ static const MatVecKernels ISA(kernels) = {MV_STR(MV_ISA), ISA(mv_fwd), ISA(mv_b
 #undef MV_VMAX
 #undef RESTRICT
 #undef ALIGN64
+#undef MV_PREFETCH
+#undef MV_BGW_PREFETCH_BYTES
 #if MV_LEVEL >= 1 && defined(__x86_64__)
 #  if defined(__clang__)
 #    pragma clang attribute pop
