@@ -37,7 +37,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import Conv, MatVec, OP_CODES, Op, Program, ScalarArrays, Sum, needs_grad
+from compiler.ir import Conv, MatVec, OP_CODES, Program, ScalarArrays, Sum, needs_grad
 
 _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 

@@ -672,7 +672,8 @@ def positions_of_writes(program):
         else:
             out.update(dict.fromkeys(op.writes, p))
     return out
-=======
+
+
 @dataclass(eq=False)
 class Conv:
     """A kernel applied at every position: ``y[o][p] = heads[o] + W[o][k0]*x[p][k0] + W[o][k1]*x[p][k1] + ...``
