@@ -34,7 +34,7 @@ import compiler                                      # noqa: E402
 from compiler import walk                            # noqa: E402
 from compiler.codegen import emit_module             # noqa: E402
 from compiler.trace import trace_graph               # noqa: E402
-from compiler.vectorize import vectorize             # noqa: E402
+from compiler.passes import run_passes           # noqa: E402
 
 
 def mlp(hidden):
@@ -100,7 +100,7 @@ def measure(build):
         t0 = time.perf_counter()
         program, _, _ = trace_graph(loss, inputs, params, outputs)
         t1 = time.perf_counter()
-        program = vectorize(program)
+        program = run_passes(program)
         t2 = time.perf_counter()
         emit_module(program)
         t3 = time.perf_counter()

@@ -28,10 +28,7 @@ from compiler.model import CompiledModel, load, resolve_threads
 from compiler.optim import OPTIMIZERS, SGD, Adam, AdamW
 from compiler.trace import TraceError, trace, trace_graph
 from micrograd.engine import Value
-from compiler.vectorize import vectorize as _vectorize   # the pass; `vectorize` is compile's switch
-from compiler.conv import lift_convs
-from compiler.loops import lift_loops
-from compiler.positions import positions as _positions   # shared weights over positions
+from compiler.passes import run_passes
 
 __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op', 'Sum', 'MatVec',
            'SGD', 'Adam', 'AdamW', 'load', 'ExportError', 'BuildError', 'CacheError', 'CompileError', 'CompilerNotFound',
@@ -82,9 +79,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         t1 = time.perf_counter()
         timings['trace'] = t1 - t0
         if vectorize:
-            # convs need the MatVec/Sum program; loops keep positions self-contained;
-            # positions reschedules a sequence layer by layer, so it runs last
-            program = _positions(lift_loops(lift_convs(_vectorize(program))))
+            program = run_passes(program)
         timings['passes'] = time.perf_counter() - t1
         t1 = time.perf_counter()
         source = emit_module(program, optimizer=optimizer)

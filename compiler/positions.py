@@ -111,10 +111,23 @@ class _Sequence:
         for i, op in self.lifted:
             if type(op) is MatVec:
                 by_block[op.wt0].append(i)
+        # a block whose weights or parameter heads other ops read too (a
+        # regulariser, a tied weight) takes its gradient row by row from
+        # codegen/shared_grads.py: it stays one MatVec per position
+        a = self.arrays
+        other = set(np.concatenate([a.a, a.b[a.b >= 0]]).tolist())
+        for _, op in self.lifted:
+            if type(op) is not MatVec:
+                other.update(op.reads)
+        p0, p1 = self.program.param_start, self.program.param_end
         groups = []
         for members in by_block.values():
             ops = [self.lifted_op[i] for i in members]
             first = ops[0]
+            heads = [h for op in ops for h in op.heads or () if p0 <= h < p1]
+            if (other.intersection(range(first.wt0, first.wt0 + first.rows * first.cols))
+                    or other.intersection(heads) or len(set(heads)) < len(heads)):
+                continue
             if (len(members) >= 2 and self.position[members].tolist() == list(range(len(members)))
                     and all(op.rows == first.rows and op.cols == first.cols and op.grad_x == first.grad_x
                             and (op.heads is None) == (first.heads is None) for op in ops)):

@@ -29,7 +29,7 @@ whose weights only layers read.
 from collections import defaultdict
 
 from compiler.codegen.layout import PANEL, round_up
-from compiler.ir import MatVec, Op, Sum
+from compiler.ir import MatVec, Op, Sum, unfolded
 
 # Above this many (parameter group x contribution) lines, one table-driven
 # loop serves every parameter instead of a loop per group.
@@ -55,10 +55,12 @@ def mixed_blocks(program, flags, uses):
             owner[h] = wt0
         if len(set(heads)) < len(heads) and any(flags[h] for h in heads):
             mixed.add(wt0)
-    for op in program.grad_ops:
-        if type(op) is MatVec or not flags[op.out]:
+    for op in unfolded(program.grad_ops):
+        if type(op) is MatVec:
             continue
         read = {owner[s] for s in op.reads if s in owner}
+        if not read or not any(flags[w] for w in op.writes):
+            continue
         if read and type(op) not in (Op, Sum):
             # its contributions would go straight into gp, out of each row's order
             raise NotImplementedError(f'{type(op).__name__} reads the weights of a MatVec: its gradient '
@@ -80,7 +82,7 @@ def contributions(program, layout, flags, params, uses):
     items = {s: [] for s in params}
     recorded = {s: iter(layout.param_uses.get(s, ())) for s in params}
     backward_uses = {id(u) for u in uses}
-    for op in reversed(program.grad_ops):
+    for op in reversed(list(unfolded(program.grad_ops))):
         if type(op) is MatVec:
             if id(op) not in backward_uses:
                 continue
@@ -92,7 +94,7 @@ def contributions(program, layout, flags, params, uses):
             for n, h in enumerate(op.heads or ()):
                 if h in wanted:
                     items[h].append(('head', op, n))
-        elif flags[op.out]:
+        elif type(op) in (Op, Sum) and flags[op.out]:
             # the scalar code's contributions, in the order Layout recorded them
             for i, s in enumerate(op.reads):
                 if s in wanted and layout.grad_target(op, i, s)[0] == '=':
