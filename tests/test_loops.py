@@ -107,12 +107,12 @@ def whole_graph(build, T):
 def _compile(losses, inputs, params, outputs, cc, loops=True, **kwargs):
     if loops:
         return compiler.compile(losses, inputs, params, outputs, cc=cc, **kwargs)
-    saved = compiler.lift_loops
-    compiler.lift_loops = lambda program: program
+    saved = compiler.passes.lift_loops
+    compiler.passes.lift_loops = lambda program: program
     try:
         return compiler.compile(losses, inputs, params, outputs, cc=cc, **kwargs)
     finally:
-        compiler.lift_loops = saved
+        compiler.passes.lift_loops = saved
 
 
 def _sample(rng, T, C):

@@ -123,12 +123,12 @@ def test_without_the_pass_the_same_bits():
     the same losses, outputs and gradients."""
     _, graph = gpt_case(seed=3)
     m = compile_gpt(graph, FAST_CC)
-    real = compiler._positions
+    real = compiler.passes.positions
     try:
-        compiler._positions = lambda p: p
+        compiler.passes.positions = lambda p: p
         plain = compile_gpt(graph, FAST_CC)
     finally:
-        compiler._positions = real
+        compiler.passes.positions = real
     assert 'positions' not in plain.program.passes and 'positions' in m.program.passes
     rng = random.Random(4)
     for n in (4, 1, 3):

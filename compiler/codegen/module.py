@@ -119,11 +119,12 @@ def _output_positions(program, cuts, part):
         at = positions_of_writes(program)
         return [0 if s == program.loss or s not in at else at[s] + 1 for s in program.outputs]
     at = {slot: i for i, op in part.lifted for slot in op.writes}
-    outs = np.asarray(program.outputs, dtype=np.int64)
-    j = np.minimum(np.searchsorted(part.arrays.out, outs), max(0, len(part.arrays.out) - 1))
-    for slot, k in zip(program.outputs, j.tolist()):
-        if len(part.arrays.out) and part.arrays.out[k] == slot:
-            at[slot] = int(part.positions[k])
+    # (the scalar ops' outputs, indexed by slot: a pass may leave them in any order)
+    where = np.full(program.n_slots, -1, dtype=np.int64)
+    where[part.arrays.out] = part.positions
+    for slot in program.outputs:
+        if where[slot] >= 0:
+            at[slot] = int(where[slot])
 
     def position(slot):
         if slot not in at or slot == program.loss:
