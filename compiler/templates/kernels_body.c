@@ -217,8 +217,12 @@ ISA(row_list)(const double *x, int k0, int C, int skip, int *ix, double *a)
         for (; k + 8 <= C; k += 8) {
             const __m512d v = _mm512_loadu_pd(x + k);
             const __mmask8 mk = _mm512_cmp_pd_mask(v, z, _CMP_NEQ_UQ);
-            _mm256_mask_compressstoreu_epi32(ix + n, mk, kv);
-            _mm512_mask_compressstoreu_pd(a + n, mk, v);
+            /* compress in registers, then store all 8 lanes: the lanes past
+             * the count land below k + 8 <= C, inside the row's list, and are
+             * overwritten or never read. (A compress straight to memory is
+             * microcoded on AMD Zen 4: about 44% of a 784-50-10 step.) */
+            _mm256_storeu_si256((__m256i *)(ix + n), _mm256_maskz_compress_epi32(mk, kv));
+            _mm512_storeu_pd(a + n, _mm512_maskz_compress_pd(mk, v));
             n += __builtin_popcount(mk);
             kv = _mm256_add_epi32(kv, _mm256_set1_epi32(8));
         }
