@@ -415,6 +415,44 @@ ISA(mv_bgx)(const double *wq, const int *perm, int R, int C, int skip, const dou
     }
 }
 
+#if MV_LEVEL == 2 && defined(__x86_64__)
+/* Whether cols[0..7] are the inputs k, k+1, ..., k+7 (a run of a layer's x). */
+static inline int
+ISA(consecutive8)(const int *cols)
+{
+    for (int c = 1; c < 8; c++)
+        if (cols[c] != cols[0] + c)
+            return 0;
+    return cols[0] >= 0;
+}
+
+/* out[c * ldo + i] = x[i][k + c] for 8 rows x 8 inputs: a transpose in
+ * registers (pairs, then quads, then halves: 24 shuffles for 64 values). */
+static inline void
+ISA(transpose8)(const double *const *x, int k, double *out, long ldo)
+{
+    __m512d r[8], lo[4], hi[4];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm512_loadu_pd(x[i] + k);
+    for (int q = 0; q < 4; q++) {        /* rows 2q, 2q+1: even and odd inputs */
+        lo[q] = _mm512_unpacklo_pd(r[2 * q], r[2 * q + 1]);
+        hi[q] = _mm512_unpackhi_pd(r[2 * q], r[2 * q + 1]);
+    }
+    const __m512i s04 = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), s26 = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i h0 = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), h1 = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+    for (int odd = 0; odd < 2; odd++) {
+        const __m512d *t = odd ? hi : lo;
+        /* rows 0-3 then 4-7 of inputs 0 and 4 (a), 2 and 6 (b); +1 when odd */
+        const __m512d a0 = _mm512_permutex2var_pd(t[0], s04, t[1]), a1 = _mm512_permutex2var_pd(t[2], s04, t[3]);
+        const __m512d b0 = _mm512_permutex2var_pd(t[0], s26, t[1]), b1 = _mm512_permutex2var_pd(t[2], s26, t[3]);
+        _mm512_storeu_pd(out + (0 + odd) * ldo, _mm512_permutex2var_pd(a0, h0, a1));
+        _mm512_storeu_pd(out + (4 + odd) * ldo, _mm512_permutex2var_pd(a0, h1, a1));
+        _mm512_storeu_pd(out + (2 + odd) * ldo, _mm512_permutex2var_pd(b0, h0, b1));
+        _mm512_storeu_pd(out + (6 + odd) * ldo, _mm512_permutex2var_pd(b0, h1, b1));
+    }
+}
+#endif
+
 /* Gradient of W: GW[k*ldgw + n] += x_i[k] * gy_i[n] over the virtual rows
  * i < n_rows in order (a block's rows, and within a row the uses of W in
  * the interpreter's backward order), for the inputs of groups g0 <= g < g1
@@ -467,7 +505,13 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
             any_nonfinite |= !gyfin[i];
         for (int ib = 0; ib < nb; ib += 8) {
             const int ie = mv_min(8, nb - ib);
-            for (int c0 = 0; c0 < K; c0 += 8)
+            for (int c0 = 0; c0 < K; c0 += 8) {
+#if MV_LEVEL == 2 && defined(__x86_64__)
+                if (ie == 8 && ISA(consecutive8)(cols + c0)) {
+                    ISA(transpose8)(xrow + i0 + ib, cols[c0], xt + (size_t)c0 * RB + ib, RB);
+                    continue;
+                }
+#endif
                 for (int i = 0; i < ie; i++) {
                     const double *x = xrow[i0 + ib + i];
                     UNROLL for (int c = 0; c < 8; c++) {
@@ -475,6 +519,7 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
                         xt[(size_t)(c0 + c) * RB + ib + i] = k >= 0 ? x[k] : 0.0;
                     }
                 }
+            }
         }
         for (int c = 0; c < K; c++) {
             const double *xc = xt + (size_t)c * RB;
