@@ -11,11 +11,55 @@ A block whose weights (or parameter heads) scalar code also reads (a
 regulariser, a tied weight) gets its gradient from ``shared_grads.py``
 instead: each row's contributions in that row's backward order.
 """
+import numpy as np
+
 from compiler.codegen.layout import PANEL, round_up
 from compiler.codegen.shared_grads import contributions, direct_grads, interleaved_grad, mixed_blocks
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
-from compiler.ir import unfolded
+from compiler.ir import MatVec, unfolded
+
+
+def reads_only_inputs(program, layout, mixed):
+    """The ``MatVec`` ops (their ids) whose ``x`` is all inputs: batch runs
+    read those rows of the caller's ``X`` where it lies (``b->x``), not a
+    copy in the rows. Not those of a ``mixed`` weight block (its gradient,
+    shared_grads.py, reads x from the rows), nor a ``MatMat``'s uses."""
+    return {id(op) for _, op in layout.lifted
+            if type(op) is MatVec and op.x0 + op.cols <= program.n_inputs and op.wt0 not in mixed}
+
+
+def row_input_runs(program, layout, direct):
+    """The inputs read from the rows by anything but the ``direct`` MatVecs'
+    ``x`` (scalar ops, other lifted ops, heads, the loss and the outputs), as
+    runs ``[first, count]``: what a batch run copies into each row."""
+    n = program.n_inputs
+    need = np.zeros(n + 1, dtype=bool)          # need[n]: every slot past the inputs, and -1
+
+    def mark(slots):
+        s = np.asarray(slots, dtype=np.int64)
+        need[np.where((s >= 0) & (s < n), s, n)] = True
+
+    part = layout.scalar_part
+    mark(part.arrays.a)
+    mark(part.arrays.b)
+    for _, op in part.lifted:
+        reads = op.reads
+        if id(op) in direct:
+            reads = [s for s in reads if not op.x0 <= s < op.x0 + op.cols]
+        mark(list(reads) or [-1])
+    mark([program.loss, *program.outputs])
+    runs, k = [], 0
+    while k < n:
+        if need[k]:
+            j = k
+            while j < n and need[j]:
+                j += 1
+            runs.append([k, j - k])
+            k = j
+        else:
+            k += 1
+    return runs
 
 
 def is_strided(slots):
@@ -26,9 +70,15 @@ def is_strided(slots):
 
 def weight_groups(C):
     """The weight gradient's groups of 16 consecutive inputs (-1: none), the
-    unit its threads split. Each input lists its own rows (the kernel), so
-    only how the work is shared depends on this."""
-    return [[c if c < C else -1 for c in range(c0, c0 + GROUP)] for c0 in range(0, C, GROUP)]
+    unit its threads split (each takes a run of this list). Each input lists
+    its own rows (the kernel) and its gradients are its own sums, so only how
+    the work is shared depends on this. The groups are dealt in a spread-out
+    order (by the fractional part of g times the golden ratio) so that every
+    run of them samples the whole input: an image's blank border and busy
+    centre are shared evenly, whatever the number of threads (in input order,
+    one of two threads got the top half of every image)."""
+    order = sorted(range((C + GROUP - 1) // GROUP), key=lambda g: (g * 0.6180339887498949) % 1.0)
+    return [[c if c < C else -1 for c in range(g * GROUP, (g + 1) * GROUP)] for g in order]
 
 
 class MatVecRenderer:
@@ -50,6 +100,7 @@ class MatVecRenderer:
         # weight blocks whose parameters scalar code reads too: {wt0: their parameter slots}
         self.mixed = mixed_blocks(program, flags, self.uses)
         self.mixed_params = {s for slots in self.mixed.values() for s in slots}
+        self.direct = reads_only_inputs(program, layout, self.mixed)   # MatVecs that read b->x
         self.taken = set()    # weight blocks whose gradient another renderer writes (codegen/matmat.py)
 
     def _p(self, slot):
@@ -142,8 +193,9 @@ class MatVecRenderer:
                       '        double *restrict v = ROW(b->v, r);',
                       *[f'        v[{y + n}] = {self.layout.value[h]};' for n, h in enumerate(op.heads)],
                       '    }', '    (void)p;']
+        x = f'b->x + {op.x0}, b->ldx' if id(op) in self.direct else f'b->v + {self._row(op.x0)}, ROW_STRIDE'
         lines += [f'    b->k->fwd(b->aux + {wa.panels}, {hp}, {op.rows}, {op.cols}, {start}, b->aux[{a.skip}] != 0.0, '
-                  f'b->v + {self._row(op.x0)}, ROW_STRIDE, b->v + {y}, ROW_STRIDE, r0, r1, scratch);',
+                  f'{x}, b->v + {y}, ROW_STRIDE, r0, r1, scratch);',
                   '}']
         return '\n'.join(lines)
 
@@ -176,18 +228,24 @@ class MatVecRenderer:
         R, C, RP = op.rows, op.cols, round_up(op.rows, PANEL)
         groups = weight_groups(C)
         pairs = ', '.join(f'{self._row(u.x0)}, {self._row(u.y0)}' for u in uses)
+        in_x = [int(id(u) in self.direct) for u in uses]
         lines = [f'static const int {name}_groups[{len(groups) * GROUP}] = {{'
                  + ', '.join(str(c) for g in groups for c in g) + '};',
                  f'static void\n{name}_weight_grad(const Block *b, int rows, int part, int parts, void *scratch)\n{{',
-                 f'    static const int uses[{2 * U}] = {{{pairs}}};   /* x, y of each use, backward order */',
-                 f'    const int U = {U}, PANELS = {RP // PANEL}, GROUPS = {len(groups)};',
-                 '    const double **xrow = (const double **)scratch, **gyrow = xrow + rows * U;',
-                 '    void *rest = (void *)(gyrow + rows * U);',
-                 '    for (int r = 0; r < rows; r++)',
-                 '        for (int u = 0; u < U; u++) {',
-                 '            xrow[r * U + u] = ROW(b->v, r) + uses[2 * u];',
-                 '            gyrow[r * U + u] = ROW(b->g, r) + uses[2 * u + 1];',
-                 '        }']
+                 f'    static const int uses[{2 * U}] = {{{pairs}}};   /* x, y of each use, backward order */']
+        if any(in_x):
+            lines.append(f'    static const char in_x[{U}] = {{{", ".join(map(str, in_x))}}};   '
+                         '/* whose x is read from b->x */')
+        xrow = ('(in_x[u] ? b->x + r * b->ldx : ROW(b->v, r)) + uses[2 * u]' if any(in_x)
+                else 'ROW(b->v, r) + uses[2 * u]')
+        lines += [f'    const int U = {U}, PANELS = {RP // PANEL}, GROUPS = {len(groups)};',
+                  '    const double **xrow = (const double **)scratch, **gyrow = xrow + rows * U;',
+                  '    void *rest = (void *)(gyrow + rows * U);',
+                  '    for (int r = 0; r < rows; r++)',
+                  '        for (int u = 0; u < U; u++) {',
+                  f'            xrow[r * U + u] = {xrow};',
+                  '            gyrow[r * U + u] = ROW(b->g, r) + uses[2 * u + 1];',
+                  '        }']
         if self.flags[wt0]:
             base = self.layout.weight_base[wt0]
             # Splitting the groups of inputs shares no work; splitting the

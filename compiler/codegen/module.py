@@ -31,6 +31,7 @@ import numpy as np
 
 from compiler.codegen import optimizer as optimizer_c
 from compiler.codegen.program import _Program
+from compiler.codegen.matvec import row_input_runs
 from compiler.codegen.scalar import c_double
 from compiler.constants import C_DEFINES, KERNELS
 from compiler.ir import features, positions_of_writes
@@ -178,6 +179,7 @@ def emit_module(program, optimizer=None, initial_params=None):
                                        optimizer_defines]).encode()).hexdigest()[:16]
     feats = features(program)
     runs = _runs(program, layout)
+    row_inputs = row_input_runs(program, layout, prog.matvecs.direct)
     uses_matvec = bool(layout.matvecs)
     defines = [
         ('NN_GENERATOR_VERSION', f'"{GENERATOR_VERSION}"', 'micrograd-compiler\'s C generator'),
@@ -198,6 +200,7 @@ def emit_module(program, optimizer=None, initial_params=None):
         ('RECORDED', numbers['recorded'], 'scalar parameter contributions recorded per row'),
         ('WORK_PER_ROW', numbers['work_per_row'], 'about this many floating-point operations'),
         ('N_PARAM_RUNS', len(runs), 'rows of PARAM_RUNS'),
+        ('N_ROW_INPUT_RUNS', len(row_inputs), 'rows of ROW_INPUT_RUNS'),
         *[(name, value, 'compiler/constants.py') for name, value in C_DEFINES.items()]]
     if uses_matvec:
         defines.append(('HAVE_MATVEC', 1, 'MatVec ops: the loop kernels are built in'))
@@ -212,7 +215,8 @@ def emit_module(program, optimizer=None, initial_params=None):
                                            else str(-layout.shared_index(s) - 1) for s in program.outputs]),
               _table('int', 'OUTPUT_POSITION[]',
                      [str(n) for n in _output_positions(program, prog.cuts, layout.scalar_part)]),
-              _table('int', 'FEATURES[]', [str(f) for f in feats])]
+              _table('int', 'FEATURES[]', [str(f) for f in feats]),
+              _table('int', 'ROW_INPUT_RUNS[][2]', [f'{{{k}, {n}}}' for k, n in row_inputs] or ['{0, 0}'])]
     if initial_params is not None:
         tables.append(_table('double', 'INITIAL_PARAMS[]', [c_double(x) for x in initial_params] or ['0.0']))
     tables_c = '/* ---- tables ---- */\n' + '\n'.join(tables)

@@ -54,7 +54,7 @@ threads_for(const NNState *st, long rows, int training)
 static Block
 block_of(NNState *st, double *v, double *g)
 {
-    Block b = {v, g, st->p, st->gp, st->aux, st->kernels, 0, POSITIONS};
+    Block b = {v, g, st->p, st->gp, st->aux, st->kernels, 0, POSITIONS, v, ROW_STRIDE};
     return b;
 }
 
@@ -68,17 +68,31 @@ typedef struct {
     long n;                   /* batch_check: numbers to check */
 } Batch;
 
-/* Row r of X into the block row `row`: every input, or the features. */
+/* Row r of X into the block row `row`: with every input given, the inputs
+ * read from the rows (the MatVecs read X itself: reads_x), else the features. */
 static void
 load_row(const Batch *bt, long r, double *restrict row)
 {
     const double *restrict x = bt->X + r * bt->cols;
     if (bt->cols == N_INPUTS) {
-        memcpy(row, x, sizeof(double) * N_INPUTS);
+        for (int i = 0; i < N_ROW_INPUT_RUNS; i++)
+            memcpy(row + ROW_INPUT_RUNS[i][0], x + ROW_INPUT_RUNS[i][0], sizeof(double) * ROW_INPUT_RUNS[i][1]);
     } else {
         memset(row, 0, sizeof(double) * N_INPUTS);
         for (int j = 0; j < N_FEATURES; j++)
             row[FEATURES[j]] = x[j];
+    }
+}
+
+/* Where the MatVecs that read only inputs find those of the block from row
+ * b0 on: in X itself when it holds every input (nothing copied), else in
+ * the rows. */
+static void
+reads_x(Block *b, const Batch *bt, long b0)
+{
+    if (bt->cols == N_INPUTS) {
+        b->x = bt->X + b0 * N_INPUTS;
+        b->ldx = N_INPUTS;
     }
 }
 
@@ -117,9 +131,13 @@ train_job(void *ctx, int t, int T)
     for (long b0 = 0; b0 < bt->rows; b0 += BLOCK) {
         const int n = bt->rows - b0 < BLOCK ? (int)(bt->rows - b0) : BLOCK;
         const int r0 = (int)((long long)n * t / T), r1 = (int)((long long)n * (t + 1) / T);
+        reads_x(&b, bt, b0);
+        /* the inputs' gradients are not computed here (b.input_grads is 0:
+         * nothing reads them, scalar code may only add to them): the rest
+         * of each gradient row starts at 0 */
         for (int r = r0; r < r1; r++) {
             load_row(bt, b0 + r, ROW(b.v, r));
-            memset(ROW(b.g, r), 0, sizeof(double) * ROW_STRIDE);
+            memset(ROW(b.g, r) + N_INPUTS, 0, sizeof(double) * (ROW_STRIDE - N_INPUTS));
         }
         forward_rows(&b, r0, r1, scratch);
         for (int r = r0; r < r1; r++)
@@ -158,6 +176,7 @@ predict_job(void *ctx, int t, int T)
     for (long b0 = 0; b0 < bt->rows; b0 += BLOCK) {
         const int n = bt->rows - b0 < BLOCK ? (int)(bt->rows - b0) : BLOCK;
         const int r0 = own0 < n ? own0 : n, r1 = own1 < n ? own1 : n;
+        reads_x(&b, bt, b0);
         for (int r = r0; r < r1; r++)
             load_row(bt, b0 + r, ROW(b.v, r));
         forward_rows(&b, r0, r1, scratch);

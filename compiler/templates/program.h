@@ -19,6 +19,8 @@ typedef struct {
     const MatVecKernels *k;   /* the MatVec loops for this CPU (NULL: no MatVec) */
     int input_grads;          /* also compute the gradients of the inputs */
     int upto;                 /* a sequence: run its first `upto` positions (1..POSITIONS) */
+    const double *x;          /* row r's inputs at x + r * ldx for the MatVecs that read only */
+    long ldx;                 /* inputs (the caller's X itself, or the rows v) */
 } Block;
 
 /* Generated for each program (after this point in nn.c), with LOSS_OF(row, p),
@@ -40,6 +42,10 @@ HIDDEN extern const int OUTPUT_AT[];
 HIDDEN extern const int OUTPUT_POSITION[];
 /* The inputs the outputs depend on, in order: predict's short rows. */
 HIDDEN extern const int FEATURES[];
+/* The inputs something other than those MatVecs reads from a row: runs of
+ * {first, count}, N_ROW_INPUT_RUNS of them; only these are copied into the
+ * rows when the MatVecs read the caller's X. */
+HIDDEN extern const int ROW_INPUT_RUNS[][2];
 #ifdef HAVE_INITIAL_PARAMS
 HIDDEN extern const double INITIAL_PARAMS[];   /* an export's weights, in the user's order */
 #endif
