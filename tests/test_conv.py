@@ -265,10 +265,11 @@ def _logits(features, head):
             for o in range(3)]
 
 
-def conv_net_case(seed):
-    """``(build, samples, parameter values)`` of ``random_net_spec(seed)``:
-    inputs are the image (channel, row, column), then a one-hot label of 3."""
-    spec = random_net_spec(seed)
+def conv_net_case(seed, spec=None):
+    """``(spec, build, samples, parameter values)`` of ``spec`` (default
+    ``random_net_spec(seed)``): inputs are the image (channel, row, column),
+    then a one-hot label of 3."""
+    spec = spec or random_net_spec(seed)
     rng = random.Random(seed)
     cin, h, w = spec['cin'], spec['h'], spec['w']
     conv_params = conv_net(spec, None).parameters()
@@ -304,16 +305,39 @@ def test_random_conv_nets_are_bit_identical_with_the_pass(seed):
     cc = COMPILERS[seed % len(COMPILERS)]
     model = assert_matches_interpreter(build, samples, param_values, cc, input_grads=seed % 3 == 0)
     # every conv applied at two positions or more is lifted, padding or not
-    lifted, expected = len(lifted_convs(model)), sum(positions >= 2 for positions in conv_positions(spec))
-    if seed in SECOND_CONV_NOT_LIFTED and lifted == expected - 1:
-        # exact (checked above) but scalar: since vectorize lifts layers whose
-        # weights have other uses, the second conv of these nets no longer
-        # reaches the conv pass as rows it recognises (open; closing note)
-        pytest.xfail('the second conv of this net stays scalar after vectorize')
+    # (seeds 0, 1 and 7: positions vectorize took as layers, see below)
+    lifted, expected = len(lifted_convs(model)) + matrices_at_positions(model), sum(
+        positions >= 2 for positions in conv_positions(spec))
     assert lifted == expected, spec
 
 
-SECOND_CONV_NOT_LIFTED = {0, 1, 7}
+def matrices_at_positions(model):
+    """Convs whose every position vectorize lifted: one ``MatVec`` per
+    position (a 1x1 kernel), sharing one block of weights."""
+    from collections import Counter
+    from compiler.ir import MatVec
+    uses = Counter(op.wt0 for op in model.program.ops if type(op) is MatVec)
+    return sum(n >= 2 for n in uses.values())
+
+
+# a 3x3 kernel with padding 1 on a 3x3 image: its centre reads the whole image
+# (consecutive inputs), a layer to vectorize when the image needs no gradient; a
+# 1x1 kernel: every position one pixel of each channel, one matrix at 9 positions
+WHOLE_IMAGE_AND_1X1 = dict(cin=2, c1=3, k1=3, s1=1, p1=1, pool=None, c2=2, k2=1, s2=1, p2=0, h=3, w=3)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('input_grads', [False, True])
+def test_positions_vectorize_lifts_as_layers_join_their_conv(cc, input_grads):
+    """A position whose window is consecutive inputs is a ``MatVec`` after
+    vectorize (only when the image needs no gradient: other positions read
+    its pixels); the conv pass takes its rows into the conv. A kernel whose
+    every position vectorize lifted stays as those ``MatVec`` ops."""
+    spec, build, samples, param_values = conv_net_case(5, WHOLE_IMAGE_AND_1X1)
+    model = assert_matches_interpreter(build, samples, param_values, cc, input_grads=input_grads)
+    assert [op.x.shape for op in lifted_convs(model)] == [(9, 18)]       # 9 positions, 2 x 3 x 3 offsets
+    assert matrices_at_positions(model) == 1
 
 
 def conv_positions(spec):
