@@ -394,3 +394,68 @@ def test_a_conv_weight_with_another_use_is_left_to_scalar_code():
     model = assert_matches_interpreter(regularised, samples, param_values, COMPILERS[0])
     for op in lifted_convs(model):
         assert model.program.param_slots[0] not in op.weights
+
+
+# -- ReLUs and max-pools as loops (compiler/loops.py): ties, -0.0, NaN, edges --------
+
+SPECIAL = (0.0, -0.0, 1.0, -1.0, 0.5, float('nan'), float('inf'))
+
+
+def pooling_net(params):
+    """relu -> max-pool 3, stride 2 (a 7x7 image: the last windows touch its
+    edge) -> conv 2x2 (2 channels) -> relu -> max-pool 2, stride 1 ->
+    flatten -> 3 logits: the pools read the image's own values (ties, -0.0,
+    NaN) and the conv's. Returns the first pool's values, the features and
+    the logits (a sign of zero shows in the first two)."""
+    rng = random.Random(2)
+    first = Sequential(ReLU(), MaxPool2d(3, stride=2))
+    rest = Sequential(Conv2d(1, 2, 2, rng=rng), ReLU(), MaxPool2d(2, stride=1), Flatten())
+    it = iter(params)
+    conv = rest.modules[0]
+    conv.w = [[next(it) for _ in w] for w in conv.w]
+    conv.b = [next(it) for _ in conv.b]
+    head = list(it)
+
+    def run(image):
+        pooled = first(image)
+        features = rest(pooled)
+        return Flatten()(pooled), features, _logits(features, head)
+    return run
+
+
+def pooling_case(values, seed):
+    """Samples of a 7x7 image drawn from ``values`` (ties everywhere), and
+    parameters: the conv's weights in {-1, 0, 1} and biases 0 or -0.0 (ties
+    and signed zeros after it too)."""
+    rng = random.Random(seed)
+    side, n_features = 7, 2 * 2 * 2
+    n_params = 2 * 4 + 2 + 3 * (n_features + 1)
+    param_values = ([rng.choice((-1.0, 0.0, 1.0)) for _ in range(8)] + [0.0, -0.0]
+                    + [rng.uniform(-1, 1) for _ in range(n_params - 10)])
+
+    def build(inputs, params):
+        image = [[inputs[r * side:(r + 1) * side] for r in range(side)]]
+        pooled, features, logits = pooling_net(params)(image)
+        return cross_entropy(logits, inputs[side * side:]), pooled + features + logits
+    samples = [[rng.choice(values) for _ in range(side * side)] + [1.0 if i == k else 0.0 for i in range(3)]
+               for k in range(3)]
+    return build, samples, param_values
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('values', [(0.0, 1.0), (0.0, -0.0, -1.0), SPECIAL], ids=['ties', 'zeros', 'special'])
+@pytest.mark.parametrize('loops', [True, False], ids=['loops', 'scalar'])
+def test_relus_and_max_pools_keep_ties_signed_zeros_and_nans(cc, values, loops, monkeypatch):
+    """A tie in a window gives the earlier value the gradient, relu(-0.0) is
+    -0.0, a NaN loses every comparison: the same bits and the same input
+    gradients with the ReLUs and max-pools as loops and as scalar code."""
+    import compiler
+    from compiler.ir import Loop
+    if not loops:
+        monkeypatch.setattr(compiler.passes, 'lift_loops', lambda program: program)
+    build, samples, param_values = pooling_case(values, seed=len(values))
+    model = assert_matches_interpreter(build, samples, param_values, cc, input_grads=True)
+    looped = [op for op in model.program.ops if type(op) is Loop]
+    names = {b.name for op in looped for b in op.body}
+    assert (names >= {'relu', 'max'}) if loops else not looped
