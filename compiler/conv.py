@@ -11,9 +11,11 @@ them). This pass:
 
 1. Rows: finds the ``Sum`` ops whose first term is a parameter (the head)
    and whose other terms are products ``w * x`` used once, ``w`` a
-   parameter and ``x`` a value of the rows (an input or a computed slot).
+   parameter and ``x`` a value of the rows (an input or a computed slot),
+   and the rows of the ``MatVec`` ops ``vectorize`` made of one position
+   (a window of consecutive slots) with parameter heads.
 2. Channels: rows sharing one head are one output channel; its weights are
-   all its rows' weights in slot order, and every row reads a part of them
+   all its rows' weights in the parameters' order, and every row reads a part of them
    in that order (a window cut by the padding leaves terms out). A channel is kept when its
    weights and head are read by its rows only.
 3. Layers: channels whose rows read the same windows (the same inputs at
@@ -84,6 +86,8 @@ class _Graph:
         self.needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
         self.scalar_at = np.full(self.n, -1, dtype=np.int64)   # position -> scalar op index
         self.scalar_at[self.spos] = np.arange(len(self.spos))
+        self.param_index = np.zeros(program.n_slots, dtype=np.int64)    # a parameter's place in ``params``
+        self.param_index[np.asarray(program.param_slots, dtype=np.int64)] = np.arange(program.n_params)
 
     def is_param(self, s):
         p = self.program
@@ -124,6 +128,7 @@ def _rows(g):
             i, op = sums[r]
             s, e = starts[r], starts[r] + lengths[r]
             rows.append(_Row(i, op.out, int(heads[r]), w[s:e], x[s:e], pos[s:e]))
+    rows += _matvec_rows(g)
     a = g.arrays
     plus = np.flatnonzero((a.code == _PLUS) & (g.spos < g.cone))
     for first in (True, False):
@@ -134,6 +139,31 @@ def _rows(g):
             k = plus[j]
             rows.append(_Row(int(g.spos[k]), int(a.out[k]), int(head[j]), w[j:j + 1], x[j:j + 1], pos[j:j + 1]))
         plus = plus[~ok]           # (a '+' of two such products: a row once)
+    return rows
+
+
+def _matvec_rows(g):
+    """The rows of the ``MatVec`` ops of the cone whose heads are parameters
+    and whose input needs no gradient: ``vectorize`` lifts one position of
+    a convolution as a layer where its window is consecutive leaves (the
+    whole image, at the centre of a padded kernel), its weights shared with
+    the other positions. Each is one row per channel at the ``MatVec``'s
+    position (it has no products of its own to absorb). The rows of one
+    ``MatVec`` share their rank: they are rows of different channels, so no
+    weight or head gets two contributions at one rank, and no input any.
+    (A layer whose positions are all ``MatVec`` ops, a 1x1 kernel, is one
+    matrix applied at several positions: it stays as it is.)"""
+    rows = []
+    for i, op in g.lifted.items():
+        if type(op) is not MatVec or i >= g.cone or op.heads is None or op.grad_x:
+            continue
+        heads = np.asarray(op.heads, dtype=np.int64)
+        if not g.is_param(heads).all() or len(np.unique(heads)) < op.rows:
+            continue
+        x = np.arange(op.x0, op.x0 + op.cols, dtype=np.int64)
+        w = op.wt0 + np.arange(op.cols, dtype=np.int64) * op.rows    # W column by column
+        none = np.empty(0, dtype=np.int64)
+        rows += [_Row(i, op.y0 + r, int(heads[r]), w + r, x, none) for r in range(op.rows)]
     return rows
 
 
@@ -173,9 +203,11 @@ def _channels(g, rows):
     channels = []
     for head, members in by_head.items():
         members.sort(key=lambda r: r.pos)
-        # the channel's weights: every row's, in slot order (Conv2d's offset
-        # order); each row must read them in that order (checked below)
+        # the channel's weights: every row's, in the parameters' order
+        # (Conv2d's offset order; vectorize may have moved a MatVec's into
+        # its block); each row must read them in that order (checked below)
         full = np.unique(np.concatenate([r.w for r in members]))
+        full = full[np.argsort(g.param_index[full], kind='stable')]
         index = {int(s): k for k, s in enumerate(full.tolist())}
         ks, ok, count = [], True, np.zeros(len(full), dtype=np.int64)
         for row in members:
@@ -209,6 +241,8 @@ def _layers(g, channels):
         P = len(first.rows)
         if P < 2:
             continue       # one position: a dot product, not a kernel applied at several
+        if all(len(row.prods) == 0 for row in first.rows):
+            continue       # every position a MatVec: one matrix applied at several, lifted already
         x = np.full((P, K), -1, dtype=np.int64)
         for p, (k, row) in enumerate(zip(first.ks, first.rows)):
             x[p, k] = row.x
@@ -216,6 +250,7 @@ def _layers(g, channels):
         if grad_x:
             # every reader of an input that needs a gradient is in this layer:
             # the layer alone decides the order of its contributions
+            # (a MatVec reads its input once for all its rows: such a layer stays)
             used = x[x >= 0]
             slots, count = np.unique(used, return_counts=True)
             if not np.array_equal(count * len(members), g.uses[slots]):
@@ -411,12 +446,13 @@ def _rebuild(g, layers, order):
 def _blocks(g, layers, written):
     """Each layer's outputs (channel by channel) and its computed inputs as
     blocks of consecutive slots: a row's values a layer reads and writes
-    then share few cache lines (the rows are large). A ``MatVec``'s blocks
-    stay as they are."""
+    then share few cache lines (the rows are large). The blocks of a
+    ``MatVec`` that stays stay as they are."""
     leaves = g.program.n_leaves
     keep = np.zeros(g.program.n_slots, dtype=bool)
-    for op in g.lifted.values():
-        if type(op) is MatVec:
+    absorbed = {int(i) for layer in layers for i in layer.members}
+    for i, op in g.lifted.items():
+        if type(op) is MatVec and i not in absorbed:
             keep[op.y0:op.y0 + op.rows] = True
             keep[op.x0:op.x0 + op.cols] = True
     blocks = []

@@ -81,12 +81,18 @@ def vectorize(program):
         if not breaks:
             break
         # lifting these units would change the order in which some slot's
-        # gradient gets its contributions: they stay scalar, and the rest is tried again
+        # gradient gets its contributions: they stay scalar, and the rest is
+        # tried again. Layers first: a layer moves its rows' products, and the
+        # Sums it put out of order may keep theirs once it stays scalar (the
+        # rows of a convolution, whose one position with a consecutive window
+        # looked like a layer); a Sum stays scalar when it breaks an order alone.
+        broken_layers = {layer.rep for layer in layers if layer.rep in breaks}
         for layer in layers:
-            if layer.rep in breaks:
+            if layer.rep in broken_layers:
                 not_lifted.append(_order_reason(layer, *breaks[layer.rep], g))
-        layers = [layer for layer in layers if layer.rep not in breaks]
-        dropped.update(rep for rep in breaks if isinstance(lifted[rep], Sum))
+        layers = [layer for layer in layers if layer.rep not in broken_layers]
+        if not broken_layers:
+            dropped.update(rep for rep in breaks if isinstance(lifted[rep], Sum))
     else:
         return _unchanged(program, not_lifted + _given_up(layers, 'order of gradient accumulation'))
     out = _renumber(program, g, schedule, rep_of, lifted, layers)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import compiler.weights
@@ -103,6 +102,14 @@ def test_the_real_lenet_compiles_to_the_interpreters_loss_and_gradients():
     model = assert_matches_interpreter(build, [rows(1, start=7)[0].tolist()], initial(LENET_CHANNELS, LENET_HIDDEN),
                                        FAST_CC)
     assert model.n_params == 44_426
+    # the ReLUs and max-pools of the convs are loops, not thousands of
+    # straight-line selects (clang took minutes on those at -O2)
+    from compiler.ir import Conv, Loop, Op
+    ops = model.program.ops
+    assert sum(type(op) is Conv for op in ops) == 2
+    looped = sum(op.n * len(op.body) for op in ops if type(op) is Loop)
+    straight = sum(type(op) is Op and op.name in ('relu', 'max') for op in ops)
+    assert looped >= 6 * 24 * 24 + 16 * 8 * 8 + 3 * (6 * 12 * 12 + 16 * 4 * 4) and straight < 20
 
 
 @needs_cc
