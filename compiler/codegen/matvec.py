@@ -50,6 +50,7 @@ class MatVecRenderer:
         # weight blocks whose parameters scalar code reads too: {wt0: their parameter slots}
         self.mixed = mixed_blocks(program, flags, self.uses)
         self.mixed_params = {s for slots in self.mixed.values() for s in slots}
+        self.once_packing = []   # refresh_aux's copies of contributions computed once (shared_grads.py)
         self.taken = set()    # weight blocks whose gradient another renderer writes (codegen/matmat.py)
 
     def _p(self, slot):
@@ -124,7 +125,9 @@ class MatVecRenderer:
             elif self.layout.recorded:
                 params = self.mixed[wt0]
                 items = contributions(self.program, self.layout, self.flags, params, uses)
-                out.append(interleaved_grad(self.name[id(uses[0])], self.layout, items, params))
+                text, packing = interleaved_grad(self.name[id(uses[0])], self.layout, items, params)
+                out.append(text)
+                self.once_packing += packing
         return out
 
     def _forward(self, op):

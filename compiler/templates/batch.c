@@ -119,7 +119,7 @@ train_job(void *ctx, int t, int T)
         const int r0 = (int)((long long)n * t / T), r1 = (int)((long long)n * (t + 1) / T);
         for (int r = r0; r < r1; r++) {
             load_row(bt, b0 + r, ROW(b.v, r));
-            memset(ROW(b.g, r), 0, sizeof(double) * ROW_STRIDE);
+            memset(ROW(b.g, r), 0, sizeof(double) * ROW_ZERO);
         }
         forward_rows(&b, r0, r1, scratch);
         for (int r = r0; r < r1; r++)
