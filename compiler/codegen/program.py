@@ -345,7 +345,8 @@ class _Program:
         ops = self.program.ops
         forward = loops.forward_lines([ops[i] for i in sorted(h.forward)], self.scalar)
         backward = loops.backward_lines([ops[i] for i in h.template], self.scalar, self.flags)
-        lines = ['{   /* what is the same in every row, once (compiler/invariant.py) */',
+        lines = [f'{{   /* the same in every row, once: {len(h.forward)} ops forward, {len(h.backward)} backward '
+                 '(compiler/invariant.py) */',
                  f'    double *restrict v = aux + {lay.once_v}, *restrict g = aux + {lay.once_g};',
                  f'    memset(v, 0, sizeof(double) * {lay.n_row});',
                  f'    memset(g, 0, sizeof(double) * {lay.row_stride});',
