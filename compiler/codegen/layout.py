@@ -20,7 +20,9 @@ its own values and gradients; parameters and constants are shared:
   (``refresh_aux``): per weight block the forward panels and a flag "every
   weight is finite"; per ``MatVec`` its heads (padded), a flag "skip zeros"
   and, when the gradient of ``x`` is needed, the input-gradient panels in
-  its backward order.
+  its backward order; and what is the same in every row
+  (``place_hoisted``, compiler/invariant.py), computed there once: one row
+  of values and one of gradients and contributions, at the row's indices.
 """
 from dataclasses import dataclass
 

@@ -350,6 +350,10 @@ class _Program:
                  f'    double *restrict v = aux + {lay.once_v}, *restrict g = aux + {lay.once_g};',
                  f'    memset(v, 0, sizeof(double) * {lay.n_row});',
                  f'    memset(g, 0, sizeof(double) * {lay.row_stride});',
+                 '#if defined(HAVE_VECTOR_LEVEL)   /* (the loops of shared_grads._once_weights) */',
+                 '    if (once_level < 0)',
+                 '        once_level = vector_level();',
+                 '#endif',
                  f'    {self.functions.define("forward", FORWARD_PARAMS, forward)}(v, p);',
                  f'    g[{lay.row_index(self.program.loss)}] = 1.0;']
         if backward:

@@ -22,9 +22,15 @@ code puts its contributions (``Layout.recorded``):
   adds its contributions into ``gp`` at its place in the row's backward
   (``direct_grads``).
 
-These loops are plain C, slower per multiply-add than the main weight
-gradient kernel (``templates/kernels_body.c``), which handles the blocks
-whose weights only layers read.
+Contributions that are the same in every row (``compiler/invariant.py``:
+Karpathy's regulariser, whose ``p * g`` are computed once per change of the
+parameters) are read from ``aux`` (``'once'``) instead of the row; where
+every weight of a block gets the same kinds of contributions, from the same
+uses, and no recorded one varies by row, the block's weights are one loop
+nest per row over its columns and rows, 8 weights at a time in vectors
+(``_once_weights``). The other loops are plain C, slower per multiply-add
+than the main weight gradient kernel (``templates/kernels_body.c``), which
+handles the blocks whose weights only layers read.
 """
 from collections import defaultdict
 
@@ -171,8 +177,8 @@ def interleaved_grad(name, layout, items, params):
         *tables,
         f'static void\n{name}_weight_grad(const Block *b, int rows, int part, int parts, void *scratch)\n{{',
         '    double *restrict gp = b->gp;',
-        f'    const double *restrict once = b->aux + {layout.once_g};   /* contributions computed once */'
-        if layout.hoisted else '',
+        *([f'    const double *restrict once = b->aux + {layout.once_g};   /* contributions computed once */']
+          if layout.hoisted else []),
         "    for (int r = 0; r < rows; r++) {   /* rows outside: each row's values are read once */",
         '        const double *restrict v = ROW(b->v, r), *restrict g = ROW(b->g, r);',
         *(['        ' + call] if call else []),
@@ -187,8 +193,7 @@ def interleaved_grad(name, layout, items, params):
 ONCE_VECTORS_C = """\
 #if defined(HAVE_VECTOR_LEVEL)
 typedef double ONCE_V __attribute__((vector_size(64), aligned(8)));   /* 8 doubles, any alignment */
-static int once_level = -1;       /* vector_level(), read at the first call (every thread reads the same) */
-#define ONCE_LEVEL (once_level >= 0 ? once_level : (once_level = vector_level()))
+static int once_level = -1;       /* vector_level(): set by refresh_aux, at nn_init, before any thread reads it */
 #endif"""
 
 
@@ -236,7 +241,8 @@ def _once_weights(name, layout, items, params):
         T, step = ('ONCE_V', 8) if vector else ('double', 1)
 
         def at(array, index):
-            return f'*(ONCE_V *)({array} + {index})' if vector else f'{array}[{index}]'
+            cast = '(ONCE_V *)' if array == 'gp' else '(const ONCE_V *)'
+            return f'*{cast}({array} + {index})' if vector else f'{array}[{index}]'
         lines = [f'{T} a = {at("gp", f"{base} + k * {RP} + n")};']
         for x, index in terms:
             lines.append(f'a += {at("aux", index)};' if x == 'aux' else f'a += {x} * {at("g", index)};')
@@ -260,8 +266,8 @@ def _once_weights(name, layout, items, params):
               '#if defined(HAVE_VECTOR_LEVEL)',
               *function('_avx512', 'avx512f', True), *function('_avx2', 'avx2', True),
               *function('_base', None, True),
-              f'#define {name}_once_row(...) (ONCE_LEVEL == 2 ? {name}_once_row_avx512(__VA_ARGS__) : '
-              f'ONCE_LEVEL == 1 ? {name}_once_row_avx2(__VA_ARGS__) : {name}_once_row_base(__VA_ARGS__))',
+              f'#define {name}_once_row(...) (once_level == 2 ? {name}_once_row_avx512(__VA_ARGS__) : '
+              f'once_level == 1 ? {name}_once_row_avx2(__VA_ARGS__) : {name}_once_row_base(__VA_ARGS__))',
               '#else', *function('', None, False), '#endif', '']
     call = f'{name}_once_row(gp, b->aux, v, g, {C} * part / parts, {C} * (part + 1) / parts);'
     return frozenset(weights), packing, helper, call
@@ -269,7 +275,9 @@ def _once_weights(name, layout, items, params):
 
 def _generic_loop(name, layout, items, params, places):
     """One loop over every parameter, its contributions from tables
-    (``item >= 0``: ``g[item]``; else term ``-1 - item``: ``x`` (-1: a head) and ``gy``)."""
+    (``0 <= item < ROW_STRIDE``: ``g[item]``; from ``ROW_STRIDE``: computed
+    once, ``once[item - ROW_STRIDE]``; else term ``-1 - item``: ``x`` (-1: a
+    head) and ``gy``)."""
     terms, where, codes, starts = [], {}, [], [0]
     for s in params:
         for item in items[s]:
