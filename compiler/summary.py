@@ -107,6 +107,7 @@ def _table(model):
              + (f' (passes: {", ".join(program.passes)})' if program.passes else ''),
              f'C: {model.source.count(chr(10)):,} lines; {toolchain} {b.flags_text() if b else ""}'
              + _scalar_code(model.source),
+             *_once(model.source),
              f'optimizer: {model.module.optimizer}; threads: {model.threads}',
              f'compile(): {sum(model.timings.values()):.2f} s ({stages})']
     return head, rows, notes
@@ -159,6 +160,16 @@ def _scalar_code(source):
     """How the scalar ops run, when not as statements: compiler/codegen/table.py's mark."""
     found = re.search(r'/\* the scalar op table: ([\d,]+) ops', source)
     return f'; scalar ops from an op table ({found.group(1)} ops, one C loop each way)' if found else ''
+
+
+def _once(source):
+    """The line saying what runs once per change of the parameters rather
+    than per row (compiler/invariant.py's part, as codegen marks it)."""
+    found = re.search(r'the same in every row, once: (\d+) ops forward, (\d+) backward', source)
+    if not found:
+        return []
+    return [f'once per change of the parameters, not per row: {int(found.group(1)):,} scalar ops forward, '
+            f'{int(found.group(2)):,} backward (the same in every row)']
 
 
 def draw(model, path):

@@ -41,7 +41,9 @@ ALLOWED = {
     'compiler.positions': {'compiler.ir'},
     'compiler.conv': {'compiler.ir'},
     'compiler.passes': {'compiler.vectorize', 'compiler.conv', 'compiler.loops', 'compiler.positions'},
-    'compiler.codegen': {'compiler.ir', 'compiler.constants', 'compiler.templates', 'compiler.optim'},
+    'compiler.invariant': {'compiler.ir'},
+    'compiler.codegen': {'compiler.ir', 'compiler.invariant', 'compiler.constants', 'compiler.templates',
+                         'compiler.optim'},
     # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
     'compiler.build.errors': set(),
     'compiler.build.process': set(),

@@ -255,6 +255,8 @@ def test_the_summary_of_the_regularised_demo_shows_three_layers():
     m = compile_graph(build, 3, start_params(n_params([2, 16, 16, 1])), FAST_CC)
     text = m.summary()
     assert text.count('MatVec') == 3 and 'not lifted' not in text
+    # 337 squares, their sum and alpha * sum: once per step, not per row
+    assert 'once per change of the parameters, not per row: 339 scalar ops forward, 339 backward' in text
 
 
 @needs_cc
@@ -377,3 +379,116 @@ def test_random_penalised_mlps_match_the_interpreter(cc, shape, data):
     assert_matches_interpreter(build, rows, params, cc)
     threads = data.draw(st.sampled_from([1, 2]))
     assert_train_batch_matches_interpreter(build, np.array(rows * 30), params, 0.01, cc, threads=threads)
+
+
+# -- what is the same in every row, once per change of the parameters ------------
+#
+# compiler/invariant.py: the regulariser's value, the gradients reaching its
+# squares and their contributions p * g are the same in every row; they run
+# once (refresh_aux), and each row still adds its own copies of the
+# contributions in its backward order. Built with every thread doing a share
+# of even a small batch (-DMICROGRAD_MIN_WORK_PER_THREAD=0).
+
+def split_any_work(cc):
+    from compiler.build import default_flags, find_compiler
+    return default_flags(find_compiler(cc)) + ['-DMICROGRAD_MIN_WORK_PER_THREAD=0']
+
+
+def hoisted_part(m):
+    from compiler.invariant import hoisted
+    from compiler.ir import needs_grad
+    return hoisted(m.program, needs_grad(m.program))
+
+
+def squares_of(m):
+    """The positions of the regulariser's ``p * p`` ops in the compiled program."""
+    p0, p1 = m.program.param_start, m.program.param_end
+    return {i for i, op in enumerate(m.program.ops)
+            if getattr(op, 'name', None) == '*' and op.args[0] == op.args[1] and p0 <= op.args[0] < p1}
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2, 3])
+@pytest.mark.parametrize('where', ['after', 'before', 'between', 'some'])
+def test_the_regulariser_runs_once_per_step_and_every_row_still_adds_its_contributions(cc, threads, where):
+    build, params = hinge_mlp(SIZES, where), start_params(n_params(SIZES))
+    m = assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 150), params, 0.05, cc, steps=2,
+                                               threads=threads, flags=split_any_work(cc))
+    part = hoisted_part(m)
+    squares = squares_of(m)
+    assert squares and squares <= part.backward          # their forward and backward: once
+    assert len(part.copies) == 1                          # a row reads the regulariser's value only
+    # every weight of a block gets the same contributions (Karpathy's): one vector loop per row
+    assert ('_once_row(' in m.source) == (where != 'some')
+    # the trained parameters: the values computed once follow every change of them
+    assert_matches_interpreter(build, hinge_rows(SIZES, 3).tolist(), list(m.params()), cc, model=m)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2, 3])
+def test_weights_of_minus_zero_and_overflowing_squares_under_the_regulariser(cc, threads):
+    # p * p of -0.0 is +0.0 and its contributions -0.0 * g; squares of 1e200
+    # overflow: the regulariser is inf in every row's loss, then NaN reaches
+    # the weights (inf - inf in a layer)
+    for special in ([-0.0, 0.0, -0.0], [1e200, -0.0], [1e308, -1e308, 1e200]):
+        params = start_params(n_params(SIZES))
+        for i, x in zip((3, 17, 40), special):
+            params[i] = x
+        build = hinge_mlp(SIZES, 'after')
+        assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 70), params, 0.05, cc, steps=2,
+                                               threads=threads, flags=split_any_work(cc))
+        assert_matches_interpreter(build, hinge_rows(SIZES, 2).tolist(), params, cc)
+
+
+def partly_invariant(inputs, params):
+    """A regulariser whose value is the same in every row but whose gradient
+    is not (scaled by an input), and a square shared by the regulariser and
+    the row (``q``): only what depends on neither runs backward once."""
+    layers = unpack(params, SIZES)
+    x, label = inputs[:2], inputs[2]
+    h = [y.tanh() for y in layer(x, *layers[0])]
+    for W, b in layers[1:-1]:
+        h = [y.tanh() for y in layer(h, W, b)]
+    score = layer(h, *layers[-1])[0]
+    loss = (1 + -label * score).relu()
+    q = params[0] * params[0]
+    # (no product in the loss's chain of additions: the loops pass would make it a Dot, which
+    # compiler/invariant.py leaves to every row)
+    shared = (q + params[1] * params[1]) / 100.0              # gradient 1 / 100 in every row
+    scaled = (squares(params[5:9], 1e-2) * inputs[0]).tanh()   # value invariant, gradient not
+    return loss + shared + scaled + (q * inputs[1]).tanh(), [score]
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2, 3])
+def test_values_the_same_in_every_row_whose_gradients_are_not(cc, threads):
+    params = start_params(n_params(SIZES), seed=7)
+    m = assert_train_batch_matches_interpreter(partly_invariant, hinge_rows(SIZES, 90, seed=3), params, 0.05, cc,
+                                               steps=2, threads=threads, flags=split_any_work(cc))
+    part, ops = hoisted_part(m), m.program.ops
+    slots = list(m.program.param_slots)         # (the pass orders the weights by column)
+    once = {slots.index(ops[i].args[0]) for i in part.backward if getattr(ops[i], 'name', None) == '*'}
+    assert once == {1}                     # params[1] * params[1] alone: q's gradient varies by row
+    assert all(i in part.forward for i in squares_of(m))     # every square's value: once
+    assert_matches_interpreter(partly_invariant, hinge_rows(SIZES, 3, seed=4).tolist(), list(m.params()), cc,
+                               model=m)
+
+
+@needs_cc
+def test_read_data_shows_the_values_computed_once():
+    from compiler.codegen.layout import Layout
+    from compiler.ir import needs_grad
+    build, params = hinge_mlp(SIZES, 'after'), start_params(n_params(SIZES))
+    m = compile_graph(build, 3, params, FAST_CC)
+    m.set_input([0.5, -0.25, 1.0])
+    m.forward()
+    data = np.empty(m.module.n_data)
+    m.module.read_data(data)
+    layout = Layout(m.program, needs_grad(m.program))
+    for i in squares_of(m):
+        op = m.program.ops[i]
+        p = m.params()[m.program.param_slots.index(op.args[0])]
+        assert data[layout.row_index(op.out)] == p * p

@@ -27,6 +27,7 @@ STUB = '''\
 #define N_AUX 1
 #define ROW_VALUES 8
 #define ROW_STRIDE 8
+#define ROW_ZERO 8
 #define BLOCK 4
 #define SCRATCH_BYTES 64
 #define POSITIONS 0

@@ -20,7 +20,9 @@ its own values and gradients; parameters and constants are shared:
   (``refresh_aux``): per weight block the forward panels and a flag "every
   weight is finite"; per ``MatVec`` its heads (padded), a flag "skip zeros"
   and, when the gradient of ``x`` is needed, the input-gradient panels in
-  its backward order.
+  its backward order; and what is the same in every row
+  (``place_hoisted``, compiler/invariant.py), computed there once: one row
+  of values and one of gradients and contributions, at the row's indices.
 """
 from dataclasses import dataclass
 
@@ -202,6 +204,26 @@ class Layout:
                 bgx = shared[bgx_key]
             self.aux[id(op)] = MatVecAux(heads, skip, bgx)
         self.n_aux = at
+        self.hoisted, self.once_uses = None, frozenset()      # (place_hoisted)
+
+    def reserve_aux(self, n):
+        """The place of ``n`` more doubles of ``aux``, on a 64-byte boundary."""
+        at = round_up(self.n_aux, ROW_ALIGN)
+        self.n_aux = at + n
+        return at
+
+    def place_hoisted(self, hoisted):
+        """Room in ``aux`` for what is computed once per change of the
+        parameters (``compiler.invariant.Hoisted``): one row of values
+        (``once_v``) and of gradients and contributions (``once_g``), at
+        the row's indices; ``once_uses``: the recorded contributions found
+        there instead of in each row."""
+        self.hoisted = hoisted
+        self.once_v = self.reserve_aux(self.n_row)
+        self.once_g = self.reserve_aux(self.row_stride)
+        ops = self.program.ops
+        outs = {ops[i].out for i in hoisted.backward}
+        self.once_uses = frozenset(u for (o, _), u in self._contrib.items() if o in outs)
 
     def is_row(self, slot):
         """Whether ``slot`` lives in the rows (an input or a computed value)."""

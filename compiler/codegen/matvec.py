@@ -101,6 +101,7 @@ class MatVecRenderer:
         self.mixed = mixed_blocks(program, flags, self.uses)
         self.mixed_params = {s for slots in self.mixed.values() for s in slots}
         self.direct = reads_only_inputs(program, layout, self.mixed)   # MatVecs that read b->x
+        self.once_packing = []   # refresh_aux's copies of contributions computed once (shared_grads.py)
         self.taken = set()    # weight blocks whose gradient another renderer writes (codegen/matmat.py)
 
     def _p(self, slot):
@@ -175,7 +176,9 @@ class MatVecRenderer:
             elif self.layout.recorded:
                 params = self.mixed[wt0]
                 items = contributions(self.program, self.layout, self.flags, params, uses)
-                out.append(interleaved_grad(self.name[id(uses[0])], self.layout, items, params))
+                text, packing = interleaved_grad(self.name[id(uses[0])], self.layout, items, params)
+                out.append(text)
+                self.once_packing += packing
         return out
 
     def _forward(self, op):

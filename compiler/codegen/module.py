@@ -194,6 +194,7 @@ def emit_module(program, optimizer=None, initial_params=None):
         ('N_AUX', numbers['n_aux'], 'packed copies of the weights'),
         ('ROW_VALUES', numbers['row_values'], 'inputs, then computed values'),
         ('ROW_STRIDE', numbers['row_stride'], 'doubles from one row to the next (with contributions)'),
+        ('ROW_ZERO', numbers['row_zero'], "a row's gradients that train_batch zeroes"),
         ('BLOCK', numbers['block_rows'], 'rows run together'),
         ('SCRATCH_BYTES', numbers['scratch_bytes'], 'per thread, for the loop kernels'),
         ('POSITIONS', numbers['positions'], "a sequence's positions (0: not a sequence)"),

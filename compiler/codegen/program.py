@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from compiler.codegen import blob, loops, table
+from compiler.codegen import blob, loops, shared_grads, table
 from compiler.codegen.conv import ConvRenderer
 from compiler.codegen.layout import Layout
 from compiler.codegen.matmat import MatMatRenderer
@@ -15,6 +15,7 @@ from compiler.codegen.matvec import MatVecRenderer
 from compiler.codegen.scalar import ScalarRenderer, c_double
 from compiler.constants import (BACKWARD_PARAMS, BLOCK_BYTES, BLOCK_ROWS, CHUNK, FORWARD_PARAMS, MAX_PARTS,
                                 PART)
+from compiler.invariant import NOTHING, hoisted
 from compiler.ir import Conv, MatMat, MatVec, needs_grad, prefix_cuts, unfolded
 
 
@@ -149,6 +150,15 @@ class _Program:
         n_scalar = len(self.layout.scalar_part.arrays.code)
         self.table = table.OpTable(program, self.layout, self.flags) \
             if n_scalar >= table.TABLE_MIN_OPS else None
+        # what is the same in every row, computed once per change of the
+        # parameters (compiler/invariant.py): with recorded contributions, and
+        # neither the op table nor MatMat/Conv (whose renderers read the rows)
+        self.hoisted = NOTHING
+        if self.table is None and self.layout.recorded and \
+                not any(type(op) in (MatMat, Conv) for _, op in self.layout.lifted):
+            self.hoisted = hoisted(program, self.flags)
+            if self.hoisted:
+                self.layout.place_hoisted(self.hoisted)
 
     def _steps(self, indexed_ops, direction):
         """C statements running ``indexed_ops`` ((index, op) pairs, in the
@@ -266,7 +276,8 @@ class _Program:
             return self._table_steps(0, self.program.n_ops, 'forward')
         ops = self._indexed(self.program.n_ops)
         if not self.cuts:
-            return self._steps(ops, 'forward')
+            once = self.hoisted.forward
+            return self._copies() + self._steps([(i, op) for i, op in ops if i not in once], 'forward')
         if self.program.position_runs is not None:
             return self._forward_by_runs(ops)
         lay, out, start = self.layout, [], 0
@@ -287,7 +298,8 @@ class _Program:
             return self._table_steps(0, self.program.n_grad_ops, 'backward')
         grad_ops = self._indexed(self.program.n_grad_ops)
         if not self.cuts:
-            return self._steps(list(reversed(grad_ops)), 'backward')
+            once = self.hoisted.backward
+            return self._steps([(i, op) for i, op in reversed(grad_ops) if i not in once], 'backward')
         if self.program.position_runs is not None:
             return self._backward_by_runs(grad_ops)
         lay, T = self.layout, len(self.cuts)
@@ -306,6 +318,57 @@ class _Program:
             out.append(f'case {n}:   /* position {n - 1} */')
             out += ['    ' + step for step in self._steps(list(reversed(part)), 'backward')]
         return out + ['}']
+
+    def _copies(self):
+        """Each row's copy of the values computed once that its code reads."""
+        copies, lay = self.hoisted.copies, self.layout
+        if not copies:
+            return []
+        at = [lay.row_index(s) for s in copies]
+        head = ['for (int r = r0; r < r1; r++) {   /* values computed once per change of the parameters */',
+                '    double *restrict v = ROW(b->v, r);',
+                f'    const double *restrict once = b->aux + {lay.once_v};']
+        if len(at) <= 16:
+            return head + [f'    v[{i}] = once[{i}];' for i in at] + ['}']
+        return head + [f'    static const int at[{len(at)}] = {{{", ".join(map(str, at))}}};',
+                       f'    for (int i = 0; i < {len(at)}; i++) v[at[i]] = once[at[i]];', '}']
+
+    def _once(self):
+        """``refresh_aux``'s statements computing what is the same in every
+        row on one row of ``aux``: the values (forward), then the gradients
+        from the loss's (1.0, as in every row) through the ops whose
+        gradient is invariant, in backward order; then the copies of its
+        contributions the weight-gradient loops read."""
+        h, lay = self.hoisted, self.layout
+        if not h:
+            return []
+        ops = self.program.ops
+        forward = loops.forward_lines([ops[i] for i in sorted(h.forward)], self.scalar)
+        backward = loops.backward_lines([ops[i] for i in h.template], self.scalar, self.flags)
+        lines = [f'{{   /* the same in every row, once: {len(h.forward)} ops forward, {len(h.backward)} backward '
+                 '(compiler/invariant.py) */',
+                 f'    double *restrict v = aux + {lay.once_v}, *restrict g = aux + {lay.once_g};',
+                 f'    memset(v, 0, sizeof(double) * {lay.n_row});',
+                 f'    memset(g, 0, sizeof(double) * {lay.row_stride});',
+                 '#if defined(HAVE_VECTOR_LEVEL)   /* (the loops of shared_grads._once_weights) */',
+                 '    if (once_level < 0)',
+                 '        once_level = vector_level();',
+                 '#endif',
+                 f'    {self.functions.define("forward", FORWARD_PARAMS, forward)}(v, p);',
+                 f'    g[{lay.row_index(self.program.loss)}] = 1.0;']
+        if backward:
+            lines.append(f'    {self.functions.define("backward", BACKWARD_PARAMS, backward)}(v, g, p, NULL);')
+        return lines + ['    ' + line for line in self.matvecs.once_packing] + ['}']
+
+    def _once_values(self):
+        """``once_values``: the values computed once into a row (the
+        debugging view of ``nn_read_data``)."""
+        lay, ops = self.layout, self.program.ops
+        at = sorted(lay.row_index(ops[i].out) for i in self.hoisted.forward)
+        body = [f'static const int at[{len(at)}] = {{{", ".join(map(str, at))}}};',
+                f'for (int i = 0; i < {len(at)}; i++) row[at[i]] = aux[{lay.once_v} + at[i]];'] if at else []
+        return ['static void\nonce_values(const double *restrict aux, double *restrict row)\n{',
+                *['    ' + line for line in body], '    (void)aux; (void)row;\n}\n']
 
     def _forward_by_runs(self, ops):
         """``forward_rows`` of a sequence scheduled layer by layer
@@ -351,16 +414,21 @@ class _Program:
             for slot in params:
                 flat += uses[slot]
                 starts.append(len(flat))
+            # a contribution computed once (lay.once_uses) is read from aux, the same in every row
+            once = [int(u in lay.once_uses) for u in flat]
+            add = 'a += (once[k] ? t : g)[use[k]];' if any(once) else 'a += g[use[k]];'
             out += ['    /* contributions scalar code recorded in each row */',
                     f'    static const int param[] = {{{", ".join(str(lay.shared_index(s)) for s in params)}}};',
                     f'    static const int start[] = {{{", ".join(map(str, starts))}}};',
                     f'    static const int use[] = {{{", ".join(str(lay.n_row + u) for u in flat)}}};',
+                    *([f'    static const char once[] = {{{", ".join(map(str, once))}}};',
+                       f'    const double *restrict t = b->aux + {lay.once_g};'] if any(once) else []),
                     f'    const int i0 = {len(params)} * part / parts, i1 = {len(params)} * (part + 1) / parts;',
                     '    for (int i = i0; i < i1; i++) {',
                     '        double a = b->gp[param[i]];',
                     '        for (int r = 0; r < rows; r++) {',
                     '            const double *restrict g = ROW(b->g, r);',
-                    '            for (int k = start[i]; k < start[i + 1]; k++) a += g[use[k]];',
+                    f'            for (int k = start[i]; k < start[i + 1]; k++) {add}',
                     '        }',
                     '        b->gp[param[i]] = a;',
                     '    }']
@@ -376,20 +444,24 @@ class _Program:
         if self.table is not None:
             out.append(self.table.c_text())
         out.append(_init_constants(lay, program.constants, table=self.table is not None))
+        if self.hoisted:
+            out.append(shared_grads.ONCE_VECTORS_C)
         out += self.matvecs.functions()
         out += self.matmats.functions()
         out += self.convs.functions()
-        out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
-        out += ['    ' + line for line in self.matvecs.refresh()]
-        out += ['    (void)p; (void)aux;\n}\n']
+        once = self._once()
         forward, backward = self.forward(), self.backward()
+        out += self.functions.prototypes
+        out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
+        out += ['    ' + line for line in self.matvecs.refresh() + once]
+        out += ['    (void)p; (void)aux;\n}\n']
+        out += self._once_values()
         if not lay.recorded:
             # scalar code adds to parameter gradients directly: a row's whole
             # backward before the next row's, so that each gradient gets its
             # contributions in row order
             backward = ['for (int row = r0; row < r1; row++) {', '    const int r0 = row, r1 = row + 1;',
                         *['    ' + s for s in backward], '}']
-        out += self.functions.prototypes
         out += ['static void\nforward_rows(const Block *b, int r0, int r1, void *scratch)\n{']
         out += ['    ' + s for s in forward]
         out += ['    (void)b; (void)r0; (void)r1; (void)scratch;\n}\n',
@@ -403,6 +475,9 @@ class _Program:
             for _, op in lay.lifted for op in unfolded([op]))
         numbers = dict(n_shared=lay.n_shared, param_span=lay.param_span, n_aux=lay.n_aux,
                        row_values=lay.n_row, row_stride=lay.row_stride, block_rows=self.block,
+                       # every contribution a row records is written in every row (no sequence):
+                       # only the gradients before them need zeroes
+                       row_zero=lay.n_row if self.hoisted else lay.row_stride,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes(),
                                                                 self.convs.scratch_bytes()),
                        work_per_row=max(1, work), positions=len(self.cuts))

@@ -134,10 +134,10 @@ train_job(void *ctx, int t, int T)
         reads_x(&b, bt, b0);
         /* the inputs' gradients are not computed here (b.input_grads is 0:
          * nothing reads them, scalar code may only add to them): the rest
-         * of each gradient row starts at 0 */
+         * of each gradient row that rows use (ROW_ZERO) starts at 0 */
         for (int r = r0; r < r1; r++) {
             load_row(bt, b0 + r, ROW(b.v, r));
-            memset(ROW(b.g, r) + N_INPUTS, 0, sizeof(double) * (ROW_STRIDE - N_INPUTS));
+            memset(ROW(b.g, r) + N_INPUTS, 0, sizeof(double) * (ROW_ZERO - N_INPUTS));
         }
         forward_rows(&b, r0, r1, scratch);
         for (int r = r0; r < r1; r++)

@@ -278,12 +278,14 @@ nn_write_state(void *state, const double *in)
 }
 
 /* For debugging: the values of nn_set_input's row, then p (compiler/codegen/
- * layout.py says where each IR slot is). */
+ * layout.py says where each IR slot is); the row's values that depend on p
+ * alone are computed once per change of p, not per row: those of the current p. */
 NN_API void
 nn_read_data(const void *state, double *out)
 {
     const NNState *st = (const NNState *)state;
     memcpy(out, st->one_v, sizeof(double) * ROW_VALUES);
+    once_values(st->aux, out);
     memcpy(out + ROW_VALUES, st->p, sizeof(double) * N_SHARED);
 }
 

@@ -27,6 +27,8 @@ typedef struct {
  * the loss of a row: */
 static void init_constants(double *restrict p);
 static void refresh_aux(const double *restrict p, double *restrict aux);
+/* the values computed once per change of p (by refresh_aux, compiler/invariant.py) into a row */
+static void once_values(const double *restrict aux, double *restrict row);
 static void forward_rows(const Block *b, int r0, int r1, void *scratch);
 static void backward_rows(const Block *b, int r0, int r1, void *scratch);
 /* this part's share of the parameter gradients over a block's `rows` rows */
