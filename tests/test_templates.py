@@ -34,6 +34,7 @@ STUB = '''\
 #define RECORDED 1
 #define WORK_PER_ROW 10
 #define N_PARAM_RUNS 1
+#define N_ROW_INPUT_RUNS 1
 #define NN_PROGRAM_HASH "0"
 #define NN_GRAPH_HASH "0"
 #define NN_KERNELS_ALLOWED "base"

@@ -237,7 +237,7 @@ class MatVecRenderer:
                  f'static void\n{name}_weight_grad(const Block *b, int rows, int part, int parts, void *scratch)\n{{',
                  f'    static const int uses[{2 * U}] = {{{pairs}}};   /* x, y of each use, backward order */']
         if any(in_x):
-            lines.append(f'    static const char in_x[{U}] = {{{", ".join(map(str, in_x))}}};   '
+            lines.append(f'    static const int in_x[{U}] = {{{", ".join(map(str, in_x))}}};   '
                          '/* whose x is read from b->x */')
         xrow = ('(in_x[u] ? b->x + r * b->ldx : ROW(b->v, r)) + uses[2 * u]' if any(in_x)
                 else 'ROW(b->v, r) + uses[2 * u]')
