@@ -44,22 +44,11 @@ def row_input_runs(program, layout, direct):
     mark(part.arrays.a)
     mark(part.arrays.b)
     for _, op in part.lifted:
-        reads = op.reads
-        if id(op) in direct:
-            reads = [s for s in reads if not op.x0 <= s < op.x0 + op.cols]
-        mark(list(reads) or [-1])
+        # a direct MatVec reads its weights (parameters) and x from elsewhere: only its heads here
+        mark(list((op.heads or ()) if id(op) in direct else op.reads) or [-1])
     mark([program.loss, *program.outputs])
-    runs, k = [], 0
-    while k < n:
-        if need[k]:
-            j = k
-            while j < n and need[j]:
-                j += 1
-            runs.append([k, j - k])
-            k = j
-        else:
-            k += 1
-    return runs
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], need[:n].astype(np.int8), [0]))))
+    return [[int(k), int(j - k)] for k, j in zip(edges[::2], edges[1::2])]
 
 
 def is_strided(slots):
