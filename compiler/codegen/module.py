@@ -40,6 +40,9 @@ from compiler.templates import read_template
 __all__ = ['emit_module', 'emit_header', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
 
 GENERATOR_VERSION = '5'   # 5: nn.c is plain C; its CPython module needs -DNN_PYTHON
+# The loop kernels' units see these numbers only, none of a program's
+_FIXED_DEFINES_C = '\n'.join(f'#define {name} {value}   /* compiler/constants.py */'
+                             for name, value in C_DEFINES.items())
 
 # The fixed C of the module unit, in order: before the program, after it, and the Python glue.
 _BEFORE = ('contract.h', 'kernels_api.c', 'program.h', 'state.h', 'pool.c', 'optimizer.c')
@@ -70,7 +73,8 @@ class Source(str):
 def _kernels():
     """The loop kernels' code: what they share, then the loops once per
     instruction set this build may meet, and the choice of one at load time.
-    The same for every program."""
+    The same for every program: built as a unit of its own, after a prologue
+    of the fixed numbers only, its object is cached once for all programs."""
     body = read_template('kernels_body.c')
 
     def built_for(isa, level):
@@ -237,7 +241,10 @@ def emit_module(program, optimizer=None, initial_params=None):
     parts = [('module', module_unit(body, ''))]
     common = prologue(numbers_c, python=False) + '\n' + read_template('contract.h')
     if kernel_code:
-        parts.append(('kernels', '\n'.join([common, read_template('kernels_api.c'), kernel_code])))
+        # the kernels' units see only the fixed numbers: one object for every program
+        fixed = '\n'.join([prologue(_FIXED_DEFINES_C, python=False), read_template('contract.h'),
+                           read_template('kernels_api.c')])
+        parts.append(('kernels', fixed + '\n' + kernel_code))
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
     return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight],
                   table_ops=prog.table.n if prog.table else 0)
