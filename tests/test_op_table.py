@@ -3,6 +3,7 @@ runs from a table in one C loop give the interpreter's bits, forward and
 backward, for every op and its edge cases, with and without the pass."""
 import math
 import random
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -97,3 +98,24 @@ def test_a_sequence_runs_its_positions_from_the_table(always_table, cc, vectoriz
     """The first n positions (forward(n), backward entering at position n)
     from table ranges: test_sequences' check with the table forced."""
     test_sequences.test_the_first_n_positions_give_the_interpreters_loss_and_gradients(cc, vectorize)
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_steps_run_from_a_plan_in_order(always_table, monkeypatch, cc):
+    """A long run of steps (table ranges between functions of sums) runs from
+    a table of them (Table.plan_steps): forced here for every run, the same
+    bits forward, backward and in training as the interpreter."""
+    monkeypatch.setattr(table, 'PLAN_LOOPS', 0)
+    sizes = [3, 4, 2]
+    rng = random.Random(1)
+    n = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+    params = [rng.uniform(-1, 1) for _ in range(n)]
+    X = [[rng.uniform(-1, 1) for _ in range(3)] + [1.0, 0.0] for _ in range(6)]
+    inputs, ps = [micrograd.Value(x) for x in X[0]], [micrograd.Value(p) for p in params]
+    loss, outputs = mlp_builder(sizes)(inputs, ps)
+    m = compiler.compile(loss, inputs, ps, outputs, cc=FAST_CC, vectorize=True)
+    assert 'vm_forward_plan(' in m.source and 'vm_backward_plan(' in m.source
+    assert re.search(r'\{0, 0, seg\d+_forward\}', m.source), "a plan with a function of sums between table ranges"
+    assert_train_batch_matches_interpreter(mlp_builder(sizes), X, params, 0.1, cc, steps=3, vectorize=True)
+    samples = [[a, b] for a in EDGES for b in EDGES]
+    assert_matches_interpreter(edge_graph, samples, [0.5, -0.0], cc, vectorize=True, input_grads=True)

@@ -193,19 +193,21 @@ class _Program:
         ``Dot`` and ``Loop`` ops, in the order to run) in one direction; a function holds
         at most ``loops.LOOPS_PER_FUNCTION`` loops (clang's loop passes slow
         down with the loops of one function)."""
-        steps = []
+        args = 'ROW(b->v, r), b->p' if forward else 'ROW(b->v, r), ROW(b->g, r), b->p, b->gp'
+        return [f'for (int r = r0; r < r1; r++) {name}({args});' for name in self._scalar_functions(run, forward)]
+
+    def _scalar_functions(self, run, forward):
+        """The names of the per-row functions that run ``run`` in one
+        direction, defined (none for a part without gradient statements)."""
+        names = []
         for part in loops.function_runs(run):
             if forward:
-                lines = loops.forward_lines(part, self.scalar)
-                name = self.functions.define('forward', FORWARD_PARAMS, lines)
-                steps.append(f'for (int r = r0; r < r1; r++) {name}(ROW(b->v, r), b->p);')
+                names.append(self.functions.define('forward', FORWARD_PARAMS, loops.forward_lines(part, self.scalar)))
             else:
                 lines = loops.backward_lines(part, self.scalar, self.flags)
                 if lines:
-                    name = self.functions.define('backward', BACKWARD_PARAMS, lines)
-                    steps.append(f'for (int r = r0; r < r1; r++) '
-                                 f'{name}(ROW(b->v, r), ROW(b->g, r), b->p, b->gp);')
-        return steps
+                    names.append(self.functions.define('backward', BACKWARD_PARAMS, lines))
+        return names
 
     def _matvec_step(self, op, forward):
         """The call running a ``MatVec`` in one direction (none backward
@@ -235,30 +237,34 @@ class _Program:
         forward = direction == 'forward'
         if not forward:
             segments.reverse()
-        steps, sums_run = [], []
+        steps, sums_run, plan = [], [], []
 
         def flush_sums():
-            steps.extend(self._scalar_steps(sums_run, forward))
+            plan.extend((0, 0, name) for name in self._scalar_functions(sums_run, forward))
             sums_run.clear()
+
+        def flush_plan():
+            flush_sums()
+            steps.extend(tab.plan_steps(plan, forward, f'{direction}_plan{len(steps) + 1}'))
+            plan.clear()
         for seg in segments:
             if type(seg) is tuple:
                 flush_sums()
-                e0, e1 = tab.entry(seg[0]), tab.entry(seg[1] - 1) + 1
-                steps.append(tab.forward_call(e0, e1) if forward else tab.backward_call(e0, e1))
+                plan.append((tab.entry(seg[0]), tab.entry(seg[1] - 1) + 1, None))
                 continue
             op = ops[seg]
             if type(op) is MatVec:
-                flush_sums()
+                flush_plan()
                 steps += self._matvec_step(op, forward)
             elif type(op) is MatMat:
-                flush_sums()
+                flush_plan()
                 steps += self._matmat_step(op, forward)
             elif type(op) is Conv:
-                flush_sums()
+                flush_plan()
                 steps += self.convs.step(op, forward)
             else:
                 sums_run.append(op)
-        flush_sums()
+        flush_plan()
         return steps
 
     def _indexed(self, n):
