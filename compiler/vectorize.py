@@ -543,8 +543,10 @@ def _schedule(g, rep_of, reads):
     # the general case: units in order, waiting where they must
     done = bytearray(cone)
     waiting, users, heap, order = {}, defaultdict(list), [], []
-    a, b = g.a[:cone].tolist(), g.b[:cone].tolist()
-    producer, rep = g.producer.tolist(), rep_of.tolist()
+    # each unit's operands' units (-1: a leaf, or no operand), for the
+    # units only: the cone's arrays are millions long, its units fewer
+    unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
+    dep_a, dep_b = unit[g.producer[g.a[units]]].tolist(), unit[g.producer[g.b[units]]].tolist()
 
     def emit(u):
         order.append(u)
@@ -554,15 +556,13 @@ def _schedule(g, rep_of, reads):
             if not waiting[v]:
                 del waiting[v]
                 heapq.heappush(heap, v)
-    for u in units.tolist():
+    for i, u in enumerate(units.tolist()):
         while heap and heap[0] < u:
             emit(heapq.heappop(heap))
         if u in reads:
             deps = set(dep_units(reads[u]).tolist()) - {u}
         else:
-            deps = {rep[producer[a[u]]]} if producer[a[u]] >= 0 else set()
-            if b[u] >= 0 and producer[b[u]] >= 0:
-                deps.add(rep[producer[b[u]]])
+            deps = {dep_a[i], dep_b[i]} - {-1}
         deps = [d for d in deps if not done[d]]
         if not deps:
             emit(u)
