@@ -543,10 +543,8 @@ def _schedule(g, rep_of, reads):
     # the general case: units in order, waiting where they must
     done = bytearray(cone)
     waiting, users, heap, order = {}, defaultdict(list), [], []
-    # each unit's operands' units (-1: a leaf, or no operand), for the
-    # units only: the cone's arrays are millions long, its units fewer
-    unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
-    dep_a, dep_b = unit[g.producer[g.a[units]]].tolist(), unit[g.producer[g.b[units]]].tolist()
+    # for the units only: the cone's arrays are millions long, its units fewer
+    dep_a, dep_b = (d.tolist() for d in _operand_units(g, rep_of, units))
 
     def emit(u):
         order.append(u)
@@ -576,10 +574,16 @@ def _schedule(g, rep_of, reads):
     return np.array(order, dtype=np.int64)
 
 
+def _operand_units(g, rep_of, ops):
+    """The units of the two operands of each of ``ops`` (scalar op indices):
+    two arrays, -1 for a leaf or no operand."""
+    unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
+    return unit[g.producer[g.a[ops]]], unit[g.producer[g.b[ops]]]
+
+
 def _latest_read(g, rep_of, ops):
     """The latest unit each of ``ops`` (scalar op indices) reads from (-1: leaves only)."""
-    unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
-    return np.maximum(unit[g.producer[g.a[ops]]], unit[g.producer[g.b[ops]]])
+    return np.maximum(*_operand_units(g, rep_of, ops))
 
 
 def _gradient_order_breaks(g, schedule, rep_of, lifted):

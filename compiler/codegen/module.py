@@ -40,9 +40,14 @@ from compiler.templates import read_template
 __all__ = ['emit_module', 'emit_header', 'Source', 'prologue', 'GENERATOR_VERSION', 'TEMPLATES']
 
 GENERATOR_VERSION = '5'   # 5: nn.c is plain C; its CPython module needs -DNN_PYTHON
-# The loop kernels' units see these numbers only, none of a program's
-_FIXED_DEFINES_C = '\n'.join(f'#define {name} {value}   /* compiler/constants.py */'
-                             for name, value in C_DEFINES.items())
+# The numbers of compiler/constants.py the fixed C uses: (name, value, why);
+# the loop kernels' unit sees these only, none of a program's
+_FIXED_DEFINES = [(name, value, 'compiler/constants.py') for name, value in C_DEFINES.items()]
+
+
+def _defines_c(defines):
+    """``#define`` lines of ``(name, value, why)`` (why: a comment, or None)."""
+    return '\n'.join(f'#define {name} {value}' + (f'   /* {why} */' if why else '') for name, value, why in defines)
 
 # The fixed C of the module unit, in order: before the program, after it, and the Python glue.
 _BEFORE = ('contract.h', 'kernels_api.c', 'program.h', 'state.h', 'pool.c', 'optimizer.c')
@@ -206,13 +211,12 @@ def emit_module(program, optimizer=None, initial_params=None):
         ('WORK_PER_ROW', numbers['work_per_row'], 'about this many floating-point operations'),
         ('N_PARAM_RUNS', len(runs), 'rows of PARAM_RUNS'),
         ('N_ROW_INPUT_RUNS', len(row_inputs), 'rows of ROW_INPUT_RUNS'),
-        *[(name, value, 'compiler/constants.py') for name, value in C_DEFINES.items()]]
+        *_FIXED_DEFINES]
     if uses_matvec:
         defines.append(('HAVE_MATVEC', 1, 'MatVec ops: the loop kernels are built in'))
     if initial_params is not None:
         defines.append(('HAVE_INITIAL_PARAMS', 1, 'an export: its weights are built in'))
-    numbers_c = '\n'.join(f'#define {name} {value}' + (f'   /* {why} */' if why else '')
-                           for name, value, why in defines)
+    numbers_c = _defines_c(defines)
     if optimizer_defines:
         numbers_c += '\n' + optimizer_defines
     tables = [_table('int', 'PARAM_RUNS[N_PARAM_RUNS][5]', runs),
@@ -242,7 +246,7 @@ def emit_module(program, optimizer=None, initial_params=None):
     common = prologue(numbers_c, python=False) + '\n' + read_template('contract.h')
     if kernel_code:
         # the kernels' units see only the fixed numbers: one object for every program
-        fixed = '\n'.join([prologue(_FIXED_DEFINES_C, python=False), read_template('contract.h'),
+        fixed = '\n'.join([prologue(_defines_c(_FIXED_DEFINES), python=False), read_template('contract.h'),
                            read_template('kernels_api.c')])
         parts.append(('kernels', fixed + '\n' + kernel_code))
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]

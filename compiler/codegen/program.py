@@ -193,8 +193,8 @@ class _Program:
         ``Dot`` and ``Loop`` ops, in the order to run) in one direction; a function holds
         at most ``loops.LOOPS_PER_FUNCTION`` loops (clang's loop passes slow
         down with the loops of one function)."""
-        args = 'ROW(b->v, r), b->p' if forward else 'ROW(b->v, r), ROW(b->g, r), b->p, b->gp'
-        return [f'for (int r = r0; r < r1; r++) {name}({args});' for name in self._scalar_functions(run, forward)]
+        return [f'for (int r = r0; r < r1; r++) {name}({table.ROW_ARGS[forward]});'
+                for name in self._scalar_functions(run, forward)]
 
     def _scalar_functions(self, run, forward):
         """The names of the per-row functions that run ``run`` in one

@@ -31,8 +31,11 @@ from compiler.ir import OP_CODES, OP_NAMES, SCALAR_OPS
 # statements (compiler/codegen/program.py decides; tests lower it).
 TABLE_MIN_OPS = 200_000
 
-# A plan of more steps than this runs from a table of them (Table.plan_steps).
+# A plan of more steps than this runs from a table of them (OpTable.plan_steps).
 PLAN_LOOPS = 16
+# The arguments of a per-row function (and of the table's loops after the
+# range) for row r of a block: [backward, forward]
+ROW_ARGS = ('ROW(b->v, r), ROW(b->g, r), b->p, b->gp', 'ROW(b->v, r), b->p')
 
 _POW = OP_CODES['**']
 _KIND_SHIFT = 4          # vm_info: the op's code in the low 4 bits, then 2 bits per operand
@@ -91,11 +94,11 @@ class OpTable:
         """The entry of the op at ``position`` in ``program.ops``."""
         return position - int(np.searchsorted(self.others, position))
 
-    def forward_call(self, i0, i1):
-        return f'for (int r = r0; r < r1; r++) vm_forward({i0}, {i1}, ROW(b->v, r), b->p);'
-
-    def backward_call(self, i0, i1):
-        return f'for (int r = r0; r < r1; r++) vm_backward({i0}, {i1}, ROW(b->v, r), ROW(b->g, r), b->p, b->gp);'
+    def row_loop(self, step, forward):
+        """A step of a plan (see ``plan_steps``) as a loop over a block's rows."""
+        i0, i1, fn = step
+        args = ROW_ARGS[forward] if fn else f'{i0}, {i1}, {ROW_ARGS[forward]}'
+        return f'for (int r = r0; r < r1; r++) {fn or ("vm_forward" if forward else "vm_backward")}({args});'
 
     def plan_steps(self, plan, forward, name):
         """The steps running ``plan`` (``[(i0, i1, None)]`` for the table's
@@ -105,9 +108,7 @@ class OpTable:
         (clang's loop passes take about 1.4 ms per loop at -O2: the 11,600
         loops of a 400k-op table program took 28 s, its plans 2 s)."""
         if len(plan) <= PLAN_LOOPS:
-            return [(self.forward_call(i0, i1) if forward else self.backward_call(i0, i1)) if fn is None else
-                    f'for (int r = r0; r < r1; r++) {fn}(ROW(b->v, r), {"b->p" if forward else "ROW(b->g, r), b->p, b->gp"});'
-                    for i0, i1, fn in plan]
+            return [self.row_loop(step, forward) for step in plan]
         kind = 'Forward' if forward else 'Backward'
         lines = ', '.join(f'{{{i0}, {i1}, {fn or "NULL"}}}' for i0, i1, fn in plan)
         return [f'static const Vm{kind}Step {name}[{len(plan)}] = {{{lines}}};',
@@ -237,7 +238,7 @@ typedef struct {
     void (*fn)(const double *restrict v, double *restrict g, const double *restrict p, double *restrict gp);
 } VmBackwardStep;
 
-static void
+UNUSED static void
 vm_forward_plan(const VmForwardStep *s, int n, const Block *b, int r0, int r1)
 {
     for (int k = 0; k < n; k++)
@@ -249,7 +250,7 @@ vm_forward_plan(const VmForwardStep *s, int n, const Block *b, int r0, int r1)
         }
 }
 
-static void
+UNUSED static void
 vm_backward_plan(const VmBackwardStep *s, int n, const Block *b, int r0, int r1)
 {
     for (int k = 0; k < n; k++)
