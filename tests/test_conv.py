@@ -3,8 +3,13 @@ ReLU, Flatten, Sequential. Their forward values are checked bit for bit
 against plain floats added in the documented order, their gradients against
 finite differences and PyTorch, and small conv nets compiled against the
 interpreter."""
+import json
 import math
+import os
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -371,6 +376,49 @@ def test_random_conv_nets_train_to_the_same_bits_at_any_thread_count(threads):
         X = np.array(samples * 12)     # 24 rows: every thread count runs 8 images in the lanes of one vector
         assert_train_batch_matches_interpreter(build, X, param_values, 0.1, COMPILERS[(seed + threads) % len(COMPILERS)],
                                                steps=2, threads=threads)
+
+
+# Channels in several vectors of 8 (the weight gradient's tiles take at most
+# 4, 2 or 1 of them on AVX-512, AVX2 and the baseline: compiler/codegen/conv.py),
+# a padded first conv (windows cut by the padding between runs of whole ones)
+WIDE = dict(cin=2, c1=17, k1=3, s1=1, p1=1, pool=None, c2=33, k2=2, s2=1, p2=0, h=5, w=5)
+
+WIDE_RUN = textwrap.dedent("""
+    import json, sys
+    sys.path[:0] = [{root!r}]
+    import numpy as np
+    from tests.differential import assert_matches_interpreter, assert_train_batch_matches_interpreter
+    from tests.test_conv import WIDE, conv_net_case, lifted_convs
+    spec, build, samples, param_values = conv_net_case(5, dict(WIDE))
+    model = assert_matches_interpreter(build, samples, param_values, {cc!r})
+    assert len(lifted_convs(model)) == 2
+    assert_train_batch_matches_interpreter(build, np.array(samples * 5), param_values, 0.1, {cc!r}, steps=2,
+                                           threads={threads})
+    print(json.dumps({{'isa': model.module.kernels}}))
+""")
+
+
+@needs_cc
+@pytest.mark.parametrize('want', ['base', 'avx2', 'avx512'])
+def test_wide_conv_nets_are_exact_on_every_instruction_set(want):
+    cc = next((cc for cc in COMPILERS if cc != 'tcc'), None)
+    if cc is None:
+        pytest.skip('needs gcc or clang: tcc builds only the plain loops')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MICROGRAD_KERNELS=want)
+    threads = {'base': 1, 'avx2': 2, 'avx512': 3}[want]
+    done = subprocess.run([sys.executable, '-c', WIDE_RUN.format(root=root, cc=cc, threads=threads)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    if want == 'base':
+        assert json.loads(done.stdout.splitlines()[-1])['isa'] == 'base'
+
+
+@pytest.mark.skipif('tcc' not in COMPILERS, reason='tcc builds the plain loops')
+def test_wide_conv_nets_are_exact_in_plain_c():
+    spec, build, samples, param_values = conv_net_case(5, dict(WIDE))
+    model = assert_matches_interpreter(build, samples, param_values, 'tcc')
+    assert len(lifted_convs(model)) == 2
 
 
 def test_random_specs_cover_the_grid():

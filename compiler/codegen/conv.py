@@ -27,14 +27,43 @@ def _table(name, values):
     return '\n'.join([f'static const int {name}[{len(values)}] = {{', *[f'    {line},' for line in lines], '};'])
 
 
-def fixed_loops():
+# The weight gradient's register tiles (templates/conv_body.c, bgw_TK_OV):
+# per instruction set (CV_LEVEL: -1 plain C, 0 the baseline, 1 AVX2, 2
+# AVX-512), the vector registers and how many of them 8 lanes take. A tile
+# of TK offsets by OV vectors of channels holds TK * OV sums, OV vectors of
+# gy and a broadcast x, with two registers to spare.
+TILE_REGISTERS = {-1: (32, 4), 0: (16, 4), 1: (16, 2), 2: (32, 1)}
+TILE_MAX_OV = {-1: 1, 0: 1, 1: 2, 2: 4}
+MIN_TILES = 4      # at least this many per op (threads split the tiles), where K allows
+
+
+def bgw_tiles(K, O, level):
+    """The weight gradient's tiles of a ``K``-offset, ``O``-channel conv on
+    one instruction set: ``(k0, tk, v0, ov)`` each, offsets in near-equal
+    runs, channels in chunks of at most ``TILE_MAX_OV`` vectors of 8."""
+    regs, units = TILE_REGISTERS[level]
+    vectors = _round_up(O, LANES) // LANES
+    tiles = []
+    for v0 in range(0, vectors, TILE_MAX_OV[level]):
+        ov = min(TILE_MAX_OV[level], vectors - v0)
+        tk_max = max(1, (regs - 3 - ov * units) // (ov * units))
+        n = min(K, max(-(-K // tk_max), MIN_TILES))
+        tiles += [(K * i // n, K * (i + 1) // n - K * i // n, v0, ov) for i in range(n)]
+    return tiles
+
+
+def fixed_loops(ops=()):
     """The Conv loops' C: what they share, the loops once per instruction
-    set this build may meet, and the choice of one."""
+    set this build may meet (with the weight-gradient tiles ``ops`` need),
+    and the choice of one."""
     body = read_template('conv_body.c')
 
     def built_for(isa, level):
-        return '\n'.join([f'#define CV_ISA {isa}', f'#define CV_LEVEL {level}', body,
-                          '#undef CV_LEVEL', '#undef CV_ISA'])
+        O_K = {op.weights.shape for op in ops}
+        shapes = sorted({(tk, ov) for O, K in O_K for _, tk, _, ov in bgw_tiles(K, O, level)})
+        return '\n'.join([f'#define CV_ISA {isa}', f'#define CV_LEVEL {level}',
+                          f'#define CV_BGW_SHAPES(X) {" ".join(f"X({tk}, {ov})" for tk, ov in shapes)}', body,
+                          '#undef CV_BGW_SHAPES', '#undef CV_LEVEL', '#undef CV_ISA'])
     return '\n'.join([read_template('conv.c'),
                       '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
                       built_for('plain', -1),
@@ -68,7 +97,7 @@ class ConvRenderer:
         """The loops and, per op, its tables and its ``ConvOp``."""
         if not self.ops:
             return []
-        out = [fixed_loops()]
+        out = [fixed_loops(self.ops)]
         for op in self.ops:
             out.append(self._tables(op))
         return out
@@ -96,9 +125,13 @@ class ConvRenderer:
         ids[xg >= 0] = xid
         lines += [_table(f'{name}_rows', np.argsort(-op.rank.ravel(), kind='stable')),
                   _table(f'{name}_xg', xg.ravel()), _table(f'{name}_xlist', xlist), _table(f'{name}_xid', ids.ravel())]
+        tiles = [bgw_tiles(K, O, level) for level in (-1, 0, 1, 2)]
+        lines += [_table(f'{name}_tiles_{i}', [n for tile in t for n in tile]) for i, t in enumerate(tiles)]
         lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
                      f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
-                     f'{name}_is_full, {name}_rows, {name}_xg, {len(xlist)}, {name}_xlist, {name}_xid}};')
+                     f'{name}_is_full, {name}_rows, {name}_xg, {len(xlist)}, {name}_xlist, {name}_xid, '
+                     f'{{{", ".join(str(len(t)) for t in tiles)}}}, '
+                     f'{{{", ".join(f"{name}_tiles_{i}" for i in range(4))}}}}};')
         return '\n'.join(lines)
 
     def step(self, op, forward):
@@ -121,8 +154,8 @@ class ConvRenderer:
         need = 0
         for op in self.ops:
             O, K = op.weights.shape
-            KP = _round_up(K, LANES)
             n_x = len(np.unique(op.x[op.x >= 0]))
-            need = max(need, 8 * (K * _round_up(O, LANES) + _round_up(O, LANES)), 8 * (O * KP + KP + O),
+            OP, P = _round_up(O, LANES), len(op.x)
+            need = max(need, 8 * (K * OP + OP), 8 * (K * OP + P * OP + O),
                        8 * (_round_up(O * K, LANES) + LANES * (O * len(op.x) + n_x)))
         return _round_up(need + 64, 64)

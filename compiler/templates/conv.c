@@ -26,6 +26,8 @@ typedef struct {
     int nx;                    /* the inputs whose gradient is needed: */
     const int *xlist;          /* [nx] their row indices */
     const int *xid;            /* [P*K]: x's index in xlist, else -1 */
+    int n_tiles[4];            /* the weight gradient's tiles per instruction set */
+    const int *tiles[4];       /* (plain, base, avx2, avx512): k0, tk, v0, ov each */
 } ConvOp;
 
 #if defined(__GNUC__) && !defined(__TINYC__)

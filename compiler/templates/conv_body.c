@@ -35,12 +35,18 @@ typedef double CV_NAME(v8) __attribute__((vector_size(64), aligned(8)));
 #define CV_MADD(acc, p, s) ((acc) += *(const CV_V8 *)(p) * (s))      /* acc + (w * s): two roundings */
 #define CV_GET(acc, l) ((acc)[l])
 #define CV_PUT(p, acc) (*(CV_V8 *)(p) = (acc))
+#define CV_UNROLL _Pragma("GCC unroll 32")
 #else
 #define CV_LANES(acc) double acc[8]
 #define CV_SET(acc, p) do { for (int l_ = 0; l_ < 8; l_++) (acc)[l_] = (p)[l_]; } while (0)
 #define CV_MADD(acc, p, s) do { for (int l_ = 0; l_ < 8; l_++) (acc)[l_] += (p)[l_] * (s); } while (0)
 #define CV_GET(acc, l) ((acc)[l])
 #define CV_PUT(p, acc) do { for (int l_ = 0; l_ < 8; l_++) (p)[l_] = (acc)[l_]; } while (0)
+#if CV_LEVEL >= 0
+#define CV_UNROLL _Pragma("GCC unroll 32")
+#else
+#define CV_UNROLL
+#endif
 #endif
 
 /* Forward: y[o][p] = h[o] + W[o][k]*x[p][k] + ... over the offsets k present,
@@ -175,63 +181,125 @@ CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
     }
 }
 
+/* A tile of the weight gradient: TK offsets by OV vectors of 8 channels of
+ * running sums, in registers while the positions hi, hi-1, ..., lo go by:
+ * a[t][c] = a[t][c] + (gy[p][c] * x[p][t]) (x[p][t] is v[x[p * ldx + t]],
+ * gy[p] the row's gathered gy at gt + p * ldg). The shapes a program needs
+ * are CV_BGW_SHAPES(X), X(TK, OV) each: codegen/conv.py plans them for the
+ * registers of each instruction set. */
+#define CV_BGW_TILE(TK, OV)                                                                            \
+static void                                                                                            \
+CV_NAME(bgw_##TK##_##OV)(double *CV_RESTRICT a, long lda, const double *CV_RESTRICT v,                \
+                         const int *CV_RESTRICT x, long ldx, const double *CV_RESTRICT gt, long ldg,   \
+                         int hi, int lo)                                                               \
+{                                                                                                      \
+    CV_LANES(s[TK][OV]);                                                                               \
+    CV_UNROLL for (int t = 0; t < TK; t++)                                                             \
+        CV_UNROLL for (int u = 0; u < OV; u++)                                                         \
+            CV_SET(s[t][u], a + t * lda + 8 * u);                                                      \
+    for (int p = hi; p >= lo; p--) {                                                                   \
+        const int *CV_RESTRICT xp = x + (size_t)p * ldx;                                               \
+        const double *CV_RESTRICT gp = gt + (size_t)p * ldg;                                           \
+        CV_UNROLL for (int t = 0; t < TK; t++) {                                                       \
+            const double xv = v[xp[t]];                                                                \
+            CV_UNROLL for (int u = 0; u < OV; u++)                                                     \
+                CV_MADD(s[t][u], gp + 8 * u, xv);                                                      \
+        }                                                                                              \
+    }                                                                                                  \
+    CV_UNROLL for (int t = 0; t < TK; t++)                                                             \
+        CV_UNROLL for (int u = 0; u < OV; u++)                                                         \
+            CV_PUT(a + t * lda + 8 * u, s[t][u]);                                                      \
+}
+CV_BGW_SHAPES(CV_BGW_TILE)
+#undef CV_BGW_TILE
+
+/* The tile of shape (tk, ov) over positions hi down to lo. */
+static void
+CV_NAME(bgw_tile)(int tk, int ov, double *a, long lda, const double *v, const int *x, long ldx,
+                  const double *gt, long ldg, int hi, int lo)
+{
+#define CV_BGW_CALL(TK, OV)                                                                            \
+    if (tk == TK && ov == OV) {                                                                        \
+        CV_NAME(bgw_##TK##_##OV)(a, lda, v, x, ldx, gt, ldg, hi, lo);                                  \
+        return;                                                                                        \
+    }
+    CV_BGW_SHAPES(CV_BGW_CALL)
+#undef CV_BGW_CALL
+}
+
 /* Weight and head gradients over a block's rows: each weight's sum gets
- * x * gy row by row, within a row the positions in the interpreter's
- * backward order (descending rank: position P-1 first); this part's
- * channels o0..o1-1 only (the sums are independent). */
+ * gy * x row by row, within a row the positions in the interpreter's
+ * backward order (descending rank: position P-1 first). The sums are
+ * independent: this part runs its share of the tiles (c->tiles for this
+ * instruction set: offsets k0.., channels 8 * v0..) and of the heads.
+ * Windows cut by the padding add their terms one by one between runs of
+ * whole ones. */
 static void
 CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts, void *scratch)
 {
-    const int O = c->O, K = c->K, P = c->P, KP = (K + 7) & ~7;
-    const int o0 = O * part / parts, o1 = O * (part + 1) / parts, n = o1 - o0;
-    if (n <= 0)
+    const int O = c->O, OP = c->OP, K = c->K, P = c->P;
+    const int n_tiles = c->n_tiles[CV_LEVEL + 1];
+    const int *tiles = c->tiles[CV_LEVEL + 1];     /* k0, tk, v0, ov each */
+    const int t0 = n_tiles * part / parts, t1 = n_tiles * (part + 1) / parts;
+    const int h0 = O * part / parts, h1 = O * (part + 1) / parts;
+    if (t0 == t1 && h0 == h1)
         return;
-    /* per channel KP running sums (the lanes past K add 0 * gy and are never stored) */
-    double *CV_RESTRICT acc = (double *)scratch, *CV_RESTRICT xk = acc + (size_t)n * KP;
-    double *CV_RESTRICT ah = xk + KP;
-    for (int k = K; k < KP; k++)
-        xk[k] = 0.0;
-    for (int o = o0; o < o1; o++) {
-        for (int k = 0; k < KP; k++)
-            acc[(size_t)(o - o0) * KP + k] = k < K ? b->gp[c->w[o * K + k]] : 0.0;
-        ah[o - o0] = b->gp[c->h[o]];
-    }
+    /* acc[k][o]: the sums (lanes past O add gy 0 and are never stored);
+     * gt[p][o]: a row's gy; ah[o]: the heads' */
+    double *CV_RESTRICT acc = (double *)scratch, *CV_RESTRICT gt = acc + (size_t)K * OP;
+    double *CV_RESTRICT ah = gt + (size_t)P * OP;
+    for (int k = 0; k < K; k++)
+        for (int o = 0; o < OP; o++)
+            acc[(size_t)k * OP + o] = o < O ? b->gp[c->w[o * K + k]] : 0.0;
+    for (int o = h0; o < h1; o++)
+        ah[o] = b->gp[c->h[o]];
+    for (int p0 = 0; p0 < P; p0++)
+        for (int o = O; o < OP; o++)
+            gt[(size_t)p0 * OP + o] = 0.0;
     for (int r = 0; r < rows; r++) {
         const double *CV_RESTRICT v = ROW(b->v, r), *CV_RESTRICT g = ROW(b->g, r);
-        for (int p0 = P - 1; p0 >= 0; p0--) {
-            const int *xs = c->x + (size_t)p0 * K;
-            const int *ys = c->y + (size_t)p0 * O;
-            if (c->is_full[p0]) {
-                for (int k = 0; k < K; k++)
-                    xk[k] = v[xs[k]];
-                for (int o = o0; o < o1; o++) {
-                    const double gy = g[ys[o]];
-                    double *CV_RESTRICT a = acc + (size_t)(o - o0) * KP;
-                    for (int k = 0; k < KP; k += 8) {
-                        CV_LANES(t);
-                        CV_SET(t, a + k);
-                        CV_MADD(t, xk + k, gy);
-                        CV_PUT(a + k, t);
-                    }
-                    ah[o - o0] += gy;
-                }
-            } else {
-                for (int o = o0; o < o1; o++) {
-                    const double gy = g[ys[o]];
-                    double *CV_RESTRICT a = acc + (size_t)(o - o0) * KP;
-                    for (int k = 0; k < K; k++)
+        for (int p0 = 0; p0 < P; p0++)
+            for (int o = 0; o < O; o++)
+                gt[(size_t)p0 * OP + o] = g[c->y[p0 * O + o]];
+        for (int hi = P - 1; hi >= 0;) {
+            if (!c->is_full[hi]) {
+                const int *xs = c->x + (size_t)hi * K;
+                const double *gy = gt + (size_t)hi * OP;
+                for (int i = t0; i < t1; i++) {
+                    const int *tl = tiles + 4 * i;
+                    for (int k = tl[0]; k < tl[0] + tl[1]; k++)
                         if (xs[k] >= 0)
-                            a[k] += v[xs[k]] * gy;
-                    ah[o - o0] += gy;
+                            for (int o = 8 * tl[2]; o < 8 * (tl[2] + tl[3]); o++)
+                                acc[(size_t)k * OP + o] += gy[o] * v[xs[k]];
                 }
+                hi--;
+                continue;
             }
+            int lo = hi;
+            while (lo > 0 && c->is_full[lo - 1])
+                lo--;
+            for (int i = t0; i < t1; i++) {
+                const int *tl = tiles + 4 * i;
+                CV_NAME(bgw_tile)(tl[1], tl[3], acc + (size_t)tl[0] * OP + 8 * tl[2], OP, v, c->x + tl[0], K,
+                                  gt + 8 * tl[2], OP, hi, lo);
+            }
+            hi = lo - 1;
+        }
+        for (int o = h0; o < h1; o++) {
+            double h = ah[o];
+            for (int p0 = P - 1; p0 >= 0; p0--)
+                h += gt[(size_t)p0 * OP + o];
+            ah[o] = h;
         }
     }
-    for (int o = o0; o < o1; o++) {
-        for (int k = 0; k < K; k++)
-            b->gp[c->w[o * K + k]] = acc[(size_t)(o - o0) * KP + k];
-        b->gp[c->h[o]] = ah[o - o0];
+    for (int i = t0; i < t1; i++) {
+        const int *tl = tiles + 4 * i;
+        for (int k = tl[0]; k < tl[0] + tl[1]; k++)
+            for (int o = 8 * tl[2]; o < 8 * (tl[2] + tl[3]) && o < O; o++)
+                b->gp[c->w[o * K + k]] = acc[(size_t)k * OP + o];
     }
+    for (int o = h0; o < h1; o++)
+        b->gp[c->h[o]] = ah[o];
 }
 
 #if CV_LEVEL >= 1 && defined(__x86_64__)
@@ -247,3 +315,4 @@ CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts
 #undef CV_MADD
 #undef CV_GET
 #undef CV_PUT
+#undef CV_UNROLL
