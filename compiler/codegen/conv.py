@@ -35,6 +35,7 @@ def _table(name, values):
 TILE_REGISTERS = {-1: (32, 4), 0: (16, 4), 1: (16, 2), 2: (32, 1)}
 TILE_MAX_OV = {-1: 1, 0: 1, 1: 2, 2: 4}
 MIN_TILES = 4      # at least this many per op (threads split the tiles), where K allows
+BGX_IMAGES = 32    # the input gradient's images in the lanes at once, at most (8 * CV_BGX_NV)
 
 
 def bgw_tiles(K, O, level):
@@ -50,6 +51,24 @@ def bgw_tiles(K, O, level):
         n = min(K, max(-(-K // tk_max), MIN_TILES))
         tiles += [(K * i // n, K * (i + 1) // n - K * i // n, v0, ov) for i in range(n)]
     return tiles
+
+
+def _pull_lists(rows, ids, O, P):
+    """The input gradient's lists for pulling (templates/conv_body.c,
+    bgx_pull), or None where the rows' order (``rows``: o * P + p in backward
+    order) is not channel by channel with the same order of positions in
+    every channel: ``(oorder, jstart, jp, jk)``, each input's positions in
+    that order with their offset (``ids[p, k]``: the input's index, or -1)."""
+    o, p = np.divmod(rows.reshape(O, P), P)
+    if not (np.all(o == o[:, :1]) and np.all(p == p[:1])):
+        return None
+    turn = np.empty(P, dtype=np.int64)
+    turn[p[0]] = np.arange(P)             # a position's place in the order
+    pos, off = np.nonzero(ids >= 0)
+    j = ids[pos, off]
+    order = np.lexsort((turn[pos], j))
+    jstart = np.searchsorted(j[order], np.arange(int(ids.max(initial=-1)) + 2))
+    return o[:, 0], jstart, pos[order], off[order]
 
 
 def fixed_loops(ops=()):
@@ -123,15 +142,21 @@ class ConvRenderer:
         xlist, xid = np.unique(xg[xg >= 0], return_inverse=True)
         ids = np.full(xg.shape, -1, dtype=np.int64)
         ids[xg >= 0] = xid
-        lines += [_table(f'{name}_rows', np.argsort(-op.rank.ravel(), kind='stable')),
+        rows = np.argsort(-op.rank.ravel(), kind='stable')
+        lines += [_table(f'{name}_rows', rows),
                   _table(f'{name}_xg', xg.ravel()), _table(f'{name}_xlist', xlist), _table(f'{name}_xid', ids.ravel())]
+        pull = _pull_lists(rows, ids, O, P)
+        oorder, jstart, jp, jk = pull or ([], [0], [], [])
+        lines += [_table(f'{name}_oorder', oorder), _table(f'{name}_jstart', jstart), _table(f'{name}_jp', jp),
+                  _table(f'{name}_jk', jk)]
         tiles = [bgw_tiles(K, O, level) for level in (-1, 0, 1, 2)]
         lines += [_table(f'{name}_tiles_{i}', [n for tile in t for n in tile]) for i, t in enumerate(tiles)]
         lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
                      f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
                      f'{name}_is_full, {name}_rows, {name}_xg, {len(xlist)}, {name}_xlist, {name}_xid, '
                      f'{{{", ".join(str(len(t)) for t in tiles)}}}, '
-                     f'{{{", ".join(f"{name}_tiles_{i}" for i in range(4))}}}}};')
+                     f'{{{", ".join(f"{name}_tiles_{i}" for i in range(4))}}}, '
+                     f'{int(pull is not None)}, {name}_oorder, {name}_jstart, {name}_jp, {name}_jk}};')
         return '\n'.join(lines)
 
     def step(self, op, forward):
@@ -157,5 +182,5 @@ class ConvRenderer:
             n_x = len(np.unique(op.x[op.x >= 0]))
             OP, P = _round_up(O, LANES), len(op.x)
             need = max(need, 8 * (K * OP + OP), 8 * (K * OP + P * OP + O),
-                       8 * (_round_up(O * K, LANES) + LANES * (O * len(op.x) + n_x)))
+                       8 * (_round_up(O * K, LANES) + BGX_IMAGES * (O * len(op.x) + n_x)))
         return _round_up(need + 64, 64)

@@ -28,6 +28,10 @@ typedef struct {
     const int *xid;            /* [P*K]: x's index in xlist, else -1 */
     int n_tiles[4];            /* the weight gradient's tiles per instruction set */
     const int *tiles[4];       /* (plain, base, avx2, avx512): k0, tk, v0, ov each */
+    int pull;                  /* the input gradient's rows go channel by channel, positions in one order: */
+    const int *oorder;         /* [O] the channels in that order */
+    const int *jstart;         /* [nx + 1]: where input j's list starts */
+    const int *jp, *jk;        /* its positions p (in that order) and the offsets k with x[p][k] = j */
 } ConvOp;
 
 #if defined(__GNUC__) && !defined(__TINYC__)

@@ -120,52 +120,131 @@ CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
     }
 }
 
+/* Input gradient, pulled: where the rows' order is channel by channel with
+ * the same order of positions in each (c->pull), an input's terms come
+ * channel by channel, and within a channel in the order of its positions:
+ * for input j, gx[j] = gx[j] + (gy[o][p] * W[o][k]) over o in that order,
+ * then (p, k) of its list (c->jstart, c->jp, c->jk). Its running sums stay
+ * in registers: NV vectors of 8 images (independent sums advancing
+ * together, each term's weight loaded once for all of them). gyT[(o * P +
+ * p) * L + i] and gxT[j * L + i] hold image i of L = 8 * NV. */
+#if CV_LEVEL >= 1
+#define CV_BGX_NV 4
+#elif CV_LEVEL == 0
+#define CV_BGX_NV 2
+#else
+#define CV_BGX_NV 1
+#endif
+#if CV_LEVEL == 2
+#define CV_BGX_JB 4             /* inputs at once: 16 of 32 zmm accumulate */
+#else
+#define CV_BGX_JB 1
+#endif
+#define CV_BGX_PULL(NV, JB)                                                                            \
+static void                                                                                            \
+CV_NAME(bgx_pull_##NV##_##JB)(const ConvOp *c, int j0, const double *CV_RESTRICT wk,                   \
+                              const double *CV_RESTRICT gyT, double *CV_RESTRICT gxT)                  \
+{                                                                                                      \
+    const int O = c->O, K = c->K, P = c->P, L = 8 * NV;                                                \
+    CV_LANES(a[JB][NV]);                                                                               \
+    CV_UNROLL for (int t = 0; t < JB; t++)                                                             \
+        CV_UNROLL for (int u = 0; u < NV; u++)                                                         \
+            CV_SET(a[t][u], gxT + (size_t)(j0 + t) * L + 8 * u);                                       \
+    for (int q = 0; q < O; q++) {                                                                      \
+        const int o = c->oorder[q];                                                                    \
+        const double *CV_RESTRICT w = wk + (size_t)o * K;                                              \
+        const double *CV_RESTRICT gy = gyT + (size_t)o * P * L;                                        \
+        CV_UNROLL for (int t = 0; t < JB; t++)                                                         \
+            for (int e = c->jstart[j0 + t]; e < c->jstart[j0 + t + 1]; e++) {                          \
+                const double wv = w[c->jk[e]];                                                         \
+                const double *CV_RESTRICT g = gy + (size_t)c->jp[e] * L;                               \
+                CV_UNROLL for (int u = 0; u < NV; u++)                                                 \
+                    CV_MADD(a[t][u], g + 8 * u, wv);                                                   \
+            }                                                                                          \
+    }                                                                                                  \
+    CV_UNROLL for (int t = 0; t < JB; t++)                                                             \
+        CV_UNROLL for (int u = 0; u < NV; u++)                                                         \
+            CV_PUT(gxT + (size_t)(j0 + t) * L + 8 * u, a[t][u]);                                       \
+}
+CV_BGX_PULL(1, 1)
+#if CV_BGX_NV == 4
+CV_BGX_PULL(4, 1)
+#define CV_BGX_PULL_NV(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_4_1)(c, j0, wk, gyT, gxT)
+#if CV_BGX_JB == 4
+CV_BGX_PULL(4, 4)
+#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_4_4)(c, j0, wk, gyT, gxT)
+#else
+#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_4_1)(c, j0, wk, gyT, gxT)
+#endif
+#elif CV_BGX_NV == 2
+CV_BGX_PULL(2, 1)
+#define CV_BGX_PULL_NV(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_2_1)(c, j0, wk, gyT, gxT)
+#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_2_1)(c, j0, wk, gyT, gxT)
+#else
+#define CV_BGX_PULL_NV(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_1_1)(c, j0, wk, gyT, gxT)
+#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_1_1)(c, j0, wk, gyT, gxT)
+#endif
+#undef CV_BGX_PULL
+
 /* Input gradient: the rows in the interpreter's backward order (rows[],
  * descending rank), each row's offsets last to first: gx += W[o][k] * gy, as
  * the interpreter's backward adds them. Every input's contributions then
  * come in its own order (a subsequence of that one). Eight images at a time
- * run as the lanes of one vector: their gy and gx are copied into lanes
- * (gyT[(o*P + p)*8 + l], gxT[j*8 + l] for input j of xlist) and back; the
- * images left over run one by one. xg[p*K + k] (xid[p*K + k]): the row
- * index (the index in xlist) of x[p][k] when its gradient is needed, else -1. */
+ * (or, pulled, 8 * CV_BGX_NV) run as the lanes of vectors: their gy and gx
+ * are copied into lanes (gyT[(o*P + p)*L + l], gxT[j*L + l] for input j of
+ * xlist) and back; the images left over run one by one. xg[p*K + k]
+ * (xid[p*K + k]): the row index (the index in xlist) of x[p][k] when its
+ * gradient is needed, else -1. */
 static void
 CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch)
 {
     const int O = c->O, K = c->K, P = c->P, NX = c->nx;
     double *CV_RESTRICT wk = (double *)scratch;       /* W[o][k] at o*K + k */
     double *CV_RESTRICT gyT = wk + (((size_t)O * K + 7) & ~(size_t)7);
-    double *CV_RESTRICT gxT = gyT + (size_t)O * P * 8;
+    double *CV_RESTRICT gxT = gyT + (size_t)O * P * 8 * CV_BGX_NV;
     for (int i = 0; i < O * K; i++)
         wk[i] = b->p[c->w[i]];
     int r = r0;
-    for (; r + 8 <= r1; r += 8) {
-        for (int l = 0; l < 8; l++) {
+    while (r + 8 <= r1) {
+        const int nv = c->pull && r + 8 * CV_BGX_NV <= r1 ? CV_BGX_NV : 1, L = 8 * nv;
+        for (int l = 0; l < L; l++) {
             const double *CV_RESTRICT g = ROW(b->g, r + l);
             for (int o = 0; o < O; o++)
                 for (int p0 = 0; p0 < P; p0++)
-                    gyT[((size_t)o * P + p0) * 8 + l] = g[c->y[p0 * O + o]];
+                    gyT[((size_t)o * P + p0) * L + l] = g[c->y[p0 * O + o]];
             for (int j = 0; j < NX; j++)
-                gxT[(size_t)j * 8 + l] = g[c->xlist[j]];
+                gxT[(size_t)j * L + l] = g[c->xlist[j]];
         }
-        for (int i = 0; i < O * P; i++) {
-            const int o = c->rows[i] / P, p0 = c->rows[i] % P;
-            const double *gy = gyT + (size_t)c->rows[i] * 8;
-            const double *w = wk + (size_t)o * K;
-            const int *xs = c->xid + (size_t)p0 * K;
-            for (int k = K - 1; k >= 0; k--)
-                if (xs[k] >= 0) {
-                    double *CV_RESTRICT gx = gxT + (size_t)xs[k] * 8;
-                    CV_LANES(t);
-                    CV_SET(t, gx);
-                    CV_MADD(t, gy, w[k]);
-                    CV_PUT(gx, t);
-                }
-        }
-        for (int l = 0; l < 8; l++) {
+        if (c->pull && nv == CV_BGX_NV) {
+            int j = 0;
+            for (; j + CV_BGX_JB <= NX; j += CV_BGX_JB)
+                CV_BGX_PULL_NV_JB(c, j, wk, gyT, gxT);
+            for (; j < NX; j++)
+                CV_BGX_PULL_NV(c, j, wk, gyT, gxT);
+        } else if (c->pull)
+            for (int j = 0; j < NX; j++)
+                CV_NAME(bgx_pull_1_1)(c, j, wk, gyT, gxT);
+        else
+            for (int i = 0; i < O * P; i++) {
+                const int o = c->rows[i] / P, p0 = c->rows[i] % P;
+                const double *gy = gyT + (size_t)c->rows[i] * 8;
+                const double *w = wk + (size_t)o * K;
+                const int *xs = c->xid + (size_t)p0 * K;
+                for (int k = K - 1; k >= 0; k--)
+                    if (xs[k] >= 0) {
+                        double *CV_RESTRICT gx = gxT + (size_t)xs[k] * 8;
+                        CV_LANES(t);
+                        CV_SET(t, gx);
+                        CV_MADD(t, gy, w[k]);
+                        CV_PUT(gx, t);
+                    }
+            }
+        for (int l = 0; l < L; l++) {
             double *CV_RESTRICT g = ROW(b->g, r + l);
             for (int j = 0; j < NX; j++)
-                g[c->xlist[j]] = gxT[(size_t)j * 8 + l];
+                g[c->xlist[j]] = gxT[(size_t)j * L + l];
         }
+        r += L;
     }
     for (; r < r1; r++) {
         double *CV_RESTRICT g = ROW(b->g, r);
@@ -180,6 +259,10 @@ CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
         }
     }
 }
+#undef CV_BGX_NV
+#undef CV_BGX_PULL_NV
+#undef CV_BGX_PULL_NV_JB
+#undef CV_BGX_JB
 
 /* A tile of the weight gradient: TK offsets by OV vectors of 8 channels of
  * running sums, in registers while the positions hi, hi-1, ..., lo go by:
