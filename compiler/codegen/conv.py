@@ -27,30 +27,41 @@ def _table(name, values):
     return '\n'.join([f'static const int {name}[{len(values)}] = {{', *[f'    {line},' for line in lines], '};'])
 
 
-# The weight gradient's register tiles (templates/conv_body.c, bgw_TK_OV):
-# per instruction set (CV_LEVEL: -1 plain C, 0 the baseline, 1 AVX2, 2
-# AVX-512), the vector registers and how many of them 8 lanes take. A tile
-# of TK offsets by OV vectors of channels holds TK * OV sums, OV vectors of
-# gy and a broadcast x, with two registers to spare.
+# The register tiles of the forward (templates/conv_body.c, fwd_NP_OV) and
+# the weight gradient (bgw_TK_OV): per instruction set (CV_LEVEL: -1 plain C,
+# 0 the baseline, 1 AVX2, 2 AVX-512), the vector registers and how many of
+# them 8 lanes take. A tile of N positions (or offsets) by OV vectors of
+# channels holds N * OV sums, OV vectors of weights (or gy) and a broadcast,
+# with two registers to spare.
 TILE_REGISTERS = {-1: (32, 4), 0: (16, 4), 1: (16, 2), 2: (32, 1)}
 TILE_MAX_OV = {-1: 1, 0: 1, 1: 2, 2: 4}
-MIN_TILES = 4      # at least this many per op (threads split the tiles), where K allows
+MIN_TILES = 4      # the weight gradient's tiles per op at least (threads split them), where K allows
 BGX_IMAGES = 32    # the input gradient's images in the lanes at once, at most (8 * CV_BGX_NV)
+LEVELS = (-1, 0, 1, 2)
 
 
-def bgw_tiles(K, O, level):
-    """The weight gradient's tiles of a ``K``-offset, ``O``-channel conv on
-    one instruction set: ``(k0, tk, v0, ov)`` each, offsets in near-equal
-    runs, channels in chunks of at most ``TILE_MAX_OV`` vectors of 8."""
+def register_tiles(n, O, level, min_tiles=1):
+    """Tiles of ``n`` positions or offsets by ``O`` channels on one
+    instruction set: ``(i0, len, v0, ov)`` each, the ``n`` in near-equal
+    runs (at least ``min_tiles`` where ``n`` allows), the channels in chunks
+    of at most ``TILE_MAX_OV`` vectors of 8."""
     regs, units = TILE_REGISTERS[level]
     vectors = _round_up(O, LANES) // LANES
     tiles = []
     for v0 in range(0, vectors, TILE_MAX_OV[level]):
         ov = min(TILE_MAX_OV[level], vectors - v0)
-        tk_max = max(1, (regs - 3 - ov * units) // (ov * units))
-        n = min(K, max(-(-K // tk_max), MIN_TILES))
-        tiles += [(K * i // n, K * (i + 1) // n - K * i // n, v0, ov) for i in range(n)]
+        most = max(1, (regs - 3 - ov * units) // (ov * units))
+        runs = min(n, max(-(-n // most), min_tiles))
+        tiles += [(n * i // runs, n * (i + 1) // runs - n * i // runs, v0, ov) for i in range(runs)]
     return tiles
+
+
+def bgw_tiles(K, O, level):
+    return register_tiles(K, O, level, MIN_TILES)
+
+
+def fwd_tiles(op, level):
+    return register_tiles(int(np.all(op.x >= 0, axis=1).sum()), op.weights.shape[0], level)
 
 
 def _pull_lists(rows, ids, O, P):
@@ -78,11 +89,13 @@ def fixed_loops(ops=()):
     body = read_template('conv_body.c')
 
     def built_for(isa, level):
-        O_K = {op.weights.shape for op in ops}
-        shapes = sorted({(tk, ov) for O, K in O_K for _, tk, _, ov in bgw_tiles(K, O, level)})
+        def shapes(tiles):
+            return ' '.join(f'X({n}, {ov})' for n, ov in sorted({(n, ov) for _, n, _, ov in tiles}))
+        bgw = [t for op in ops for t in bgw_tiles(*op.weights.shape[::-1], level)]
+        fwd = [t for op in ops for t in fwd_tiles(op, level)]
         return '\n'.join([f'#define CV_ISA {isa}', f'#define CV_LEVEL {level}',
-                          f'#define CV_BGW_SHAPES(X) {" ".join(f"X({tk}, {ov})" for tk, ov in shapes)}', body,
-                          '#undef CV_BGW_SHAPES', '#undef CV_LEVEL', '#undef CV_ISA'])
+                          f'#define CV_FWD_SHAPES(X) {shapes(fwd)}', f'#define CV_BGW_SHAPES(X) {shapes(bgw)}', body,
+                          '#undef CV_FWD_SHAPES', '#undef CV_BGW_SHAPES', '#undef CV_LEVEL', '#undef CV_ISA'])
     return '\n'.join([read_template('conv.c'),
                       '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
                       built_for('plain', -1),
@@ -149,14 +162,19 @@ class ConvRenderer:
         oorder, jstart, jp, jk = pull or ([], [0], [], [])
         lines += [_table(f'{name}_oorder', oorder), _table(f'{name}_jstart', jstart), _table(f'{name}_jp', jp),
                   _table(f'{name}_jk', jk)]
-        tiles = [bgw_tiles(K, O, level) for level in (-1, 0, 1, 2)]
+        tiles = [bgw_tiles(K, O, level) for level in LEVELS]
         lines += [_table(f'{name}_tiles_{i}', [n for tile in t for n in tile]) for i, t in enumerate(tiles)]
+        ftiles = [fwd_tiles(op, level) for level in LEVELS]
+        lines += [_table(f'{name}_ftiles_{i}', [n for tile in t for n in tile]) for i, t in enumerate(ftiles)]
+        lines.append(_table(f'{name}_xk', x[full].T.ravel()))
         lines.append(f'static const ConvOp {name} = {{{O}, {_round_up(O, LANES)}, {K}, {P}, {name}_w, {name}_h, '
                      f'{name}_x, {name}_y, {int(full.sum())}, {int((~full).sum())}, {name}_full, {name}_part, '
                      f'{name}_is_full, {name}_rows, {name}_xg, {len(xlist)}, {name}_xlist, {name}_xid, '
                      f'{{{", ".join(str(len(t)) for t in tiles)}}}, '
                      f'{{{", ".join(f"{name}_tiles_{i}" for i in range(4))}}}, '
-                     f'{int(pull is not None)}, {name}_oorder, {name}_jstart, {name}_jp, {name}_jk}};')
+                     f'{int(pull is not None)}, {name}_oorder, {name}_jstart, {name}_jp, {name}_jk, {name}_xk, '
+                     f'{{{", ".join(str(len(t)) for t in ftiles)}}}, '
+                     f'{{{", ".join(f"{name}_ftiles_{i}" for i in range(4))}}}}};')
         return '\n'.join(lines)
 
     def step(self, op, forward):

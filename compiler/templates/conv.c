@@ -32,6 +32,9 @@ typedef struct {
     const int *oorder;         /* [O] the channels in that order */
     const int *jstart;         /* [nx + 1]: where input j's list starts */
     const int *jp, *jk;        /* its positions p (in that order) and the offsets k with x[p][k] = j */
+    const int *xk;             /* [K*nfull]: x[full[i]][k] at k*nfull + i (the forward's tiles) */
+    int n_ftiles[4];           /* the forward's tiles per instruction set (as tiles): */
+    const int *ftiles[4];      /* i0, np (of full[]), v0, ov each */
 } ConvOp;
 
 #if defined(__GNUC__) && !defined(__TINYC__)

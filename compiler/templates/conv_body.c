@@ -49,14 +49,62 @@ typedef double CV_NAME(v8) __attribute__((vector_size(64), aligned(8)));
 #endif
 #endif
 
+/* A tile of the forward: NP whole windows (positions full[i0..]) by OV
+ * vectors of 8 channels of running sums in registers while the offsets go
+ * by in order: y[o][p] = h[o], then y[o][p] = y[o][p] + (W[o][k] * x[p][k])
+ * for k = 0, 1, ... (wp[k*OP + o]: W packed by offset; x[p][k] is
+ * v[xk[k*nf + i]]). The shapes a program needs are CV_FWD_SHAPES(X),
+ * X(NP, OV) each (codegen/conv.py). */
+#define CV_FWD_TILE(NP, OV)                                                                            \
+static void                                                                                            \
+CV_NAME(fwd_##NP##_##OV)(const ConvOp *c, double *CV_RESTRICT v, int i0, int o0,                       \
+                         const double *CV_RESTRICT wp, const double *CV_RESTRICT hp)                   \
+{                                                                                                      \
+    const int O = c->O, OP = c->OP, K = c->K, nf = c->nfull;                                           \
+    CV_LANES(s[NP][OV]);                                                                               \
+    CV_UNROLL for (int t = 0; t < NP; t++)                                                             \
+        CV_UNROLL for (int u = 0; u < OV; u++)                                                         \
+            CV_SET(s[t][u], hp + o0 + 8 * u);                                                          \
+    for (int k = 0; k < K; k++) {                                                                      \
+        const int *CV_RESTRICT xs = c->xk + (size_t)k * nf + i0;                                       \
+        const double *CV_RESTRICT w = wp + (size_t)k * OP + o0;                                        \
+        CV_UNROLL for (int t = 0; t < NP; t++) {                                                       \
+            const double xv = v[xs[t]];                                                                \
+            CV_UNROLL for (int u = 0; u < OV; u++)                                                     \
+                CV_MADD(s[t][u], w + 8 * u, xv);                                                       \
+        }                                                                                              \
+    }                                                                                                  \
+    CV_UNROLL for (int t = 0; t < NP; t++) {                                                           \
+        const int *y = c->y + (size_t)c->full[i0 + t] * O;                                             \
+        CV_UNROLL for (int u = 0; u < OV; u++)                                                         \
+            for (int l = 0; l < 8 && o0 + 8 * u + l < O; l++)                                          \
+                v[y[o0 + 8 * u + l]] = CV_GET(s[t][u], l);                                             \
+    }                                                                                                  \
+}
+CV_FWD_SHAPES(CV_FWD_TILE)
+#undef CV_FWD_TILE
+
+static void
+CV_NAME(fwd_tile)(int np, int ov, const ConvOp *c, double *v, int i0, int o0, const double *wp, const double *hp)
+{
+#define CV_FWD_CALL(NP, OV)                                                                            \
+    if (np == NP && ov == OV) {                                                                        \
+        CV_NAME(fwd_##NP##_##OV)(c, v, i0, o0, wp, hp);                                                \
+        return;                                                                                        \
+    }
+    CV_FWD_SHAPES(CV_FWD_CALL)
+#undef CV_FWD_CALL
+}
+
 /* Forward: y[o][p] = h[o] + W[o][k]*x[p][k] + ... over the offsets k present,
- * ascending. Full windows run four positions by eight channels at a time
- * (W packed by offset: wp[k*OP + o], one row of 8 channels loaded once for
- * the four positions); windows cut by the padding one sum at a time. */
+ * ascending. Whole windows run in register tiles (c->ftiles for this
+ * instruction set: positions full[i0..], channels 8 * v0..; W packed by
+ * offset, wp[k*OP + o]); windows cut by the padding one sum at a time. */
 static void
 CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch)
 {
     const int O = c->O, OP = c->OP, K = c->K;
+    const int n_tiles = c->n_ftiles[CV_LEVEL + 1], *tiles = c->ftiles[CV_LEVEL + 1];
     double *CV_RESTRICT wp = (double *)scratch, *CV_RESTRICT hp = wp + (size_t)K * OP;
     for (int k = 0; k < K; k++)
         for (int o = 0; o < OP; o++)
@@ -65,46 +113,9 @@ CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
         hp[o] = o < O ? b->p[c->h[o]] : 0.0;
     for (int r = r0; r < r1; r++) {
         double *CV_RESTRICT v = ROW(b->v, r);
-        for (int o0 = 0; o0 < OP; o0 += 8) {
-            const int n = O - o0 < 8 ? O - o0 : 8;
-            int i = 0;
-            for (; i + 4 <= c->nfull; i += 4) {
-                const int p0 = c->full[i], p1 = c->full[i + 1], p2 = c->full[i + 2], p3 = c->full[i + 3];
-                const int *x0 = c->x + (size_t)p0 * K, *x1 = c->x + (size_t)p1 * K;
-                const int *x2 = c->x + (size_t)p2 * K, *x3 = c->x + (size_t)p3 * K;
-                CV_LANES(a0);
-                CV_LANES(a1);
-                CV_LANES(a2);
-                CV_LANES(a3);
-                CV_SET(a0, hp + o0);
-                CV_SET(a1, hp + o0);
-                CV_SET(a2, hp + o0);
-                CV_SET(a3, hp + o0);
-                for (int k = 0; k < K; k++) {
-                    const double *w = wp + (size_t)k * OP + o0;
-                    const double s0 = v[x0[k]], s1 = v[x1[k]], s2 = v[x2[k]], s3 = v[x3[k]];
-                    CV_MADD(a0, w, s0);
-                    CV_MADD(a1, w, s1);
-                    CV_MADD(a2, w, s2);
-                    CV_MADD(a3, w, s3);
-                }
-                for (int l = 0; l < n; l++) {
-                    v[c->y[p0 * O + o0 + l]] = CV_GET(a0, l);
-                    v[c->y[p1 * O + o0 + l]] = CV_GET(a1, l);
-                    v[c->y[p2 * O + o0 + l]] = CV_GET(a2, l);
-                    v[c->y[p3 * O + o0 + l]] = CV_GET(a3, l);
-                }
-            }
-            for (; i < c->nfull; i++) {
-                const int p0 = c->full[i];
-                const int *x0 = c->x + (size_t)p0 * K;
-                CV_LANES(a0);
-                CV_SET(a0, hp + o0);
-                for (int k = 0; k < K; k++)
-                    CV_MADD(a0, wp + (size_t)k * OP + o0, v[x0[k]]);
-                for (int l = 0; l < n; l++)
-                    v[c->y[p0 * O + o0 + l]] = CV_GET(a0, l);
-            }
+        for (int i = 0; i < n_tiles; i++) {
+            const int *tl = tiles + 4 * i;
+            CV_NAME(fwd_tile)(tl[1], tl[3], c, v, tl[0], 8 * tl[2], wp, hp);
         }
         for (int i = 0; i < c->npart; i++) {
             const int p0 = c->part[i];
