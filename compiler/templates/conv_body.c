@@ -49,6 +49,15 @@ typedef double CV_NAME(v8) __attribute__((vector_size(64), aligned(8)));
 #endif
 #endif
 
+/* One step of a register tile s[N][OV] (the forward's and the weight
+ * gradient's): s[t][u] = s[t][u] + (vec[8u..8u+7] * v[xs[t]]) for t < N. */
+#define CV_TILE_STEP(s, N, OV, v, xs, vec)                                                             \
+    CV_UNROLL for (int t_ = 0; t_ < (N); t_++) {                                                       \
+        const double x_ = (v)[(xs)[t_]];                                                               \
+        CV_UNROLL for (int u_ = 0; u_ < (OV); u_++)                                                    \
+            CV_MADD(s[t_][u_], (vec) + 8 * u_, x_);                                                    \
+    }
+
 /* A tile of the forward: NP whole windows (positions full[i0..]) by OV
  * vectors of 8 channels of running sums in registers while the offsets go
  * by in order: y[o][p] = h[o], then y[o][p] = y[o][p] + (W[o][k] * x[p][k])
@@ -68,11 +77,7 @@ CV_NAME(fwd_##NP##_##OV)(const ConvOp *c, double *CV_RESTRICT v, int i0, int o0,
     for (int k = 0; k < K; k++) {                                                                      \
         const int *CV_RESTRICT xs = c->xk + (size_t)k * nf + i0;                                       \
         const double *CV_RESTRICT w = wp + (size_t)k * OP + o0;                                        \
-        CV_UNROLL for (int t = 0; t < NP; t++) {                                                       \
-            const double xv = v[xs[t]];                                                                \
-            CV_UNROLL for (int u = 0; u < OV; u++)                                                     \
-                CV_MADD(s[t][u], w + 8 * u, xv);                                                       \
-        }                                                                                              \
+        CV_TILE_STEP(s, NP, OV, v, xs, w);                                                             \
     }                                                                                                  \
     CV_UNROLL for (int t = 0; t < NP; t++) {                                                           \
         const int *y = c->y + (size_t)c->full[i0 + t] * O;                                             \
@@ -294,11 +299,7 @@ CV_NAME(bgw_##TK##_##OV)(double *CV_RESTRICT a, long lda, const double *CV_RESTR
     for (int p = hi; p >= lo; p--) {                                                                   \
         const int *CV_RESTRICT xp = x + (size_t)p * ldx;                                               \
         const double *CV_RESTRICT gp = gt + (size_t)p * ldg;                                           \
-        CV_UNROLL for (int t = 0; t < TK; t++) {                                                       \
-            const double xv = v[xp[t]];                                                                \
-            CV_UNROLL for (int u = 0; u < OV; u++)                                                     \
-                CV_MADD(s[t][u], gp + 8 * u, xv);                                                      \
-        }                                                                                              \
+        CV_TILE_STEP(s, TK, OV, v, xp, gp);                                                            \
     }                                                                                                  \
     CV_UNROLL for (int t = 0; t < TK; t++)                                                             \
         CV_UNROLL for (int u = 0; u < OV; u++)                                                         \
@@ -410,3 +411,4 @@ CV_NAME(conv_bgw)(const ConvOp *c, const Block *b, int rows, int part, int parts
 #undef CV_GET
 #undef CV_PUT
 #undef CV_UNROLL
+#undef CV_TILE_STEP
