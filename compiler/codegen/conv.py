@@ -1,7 +1,8 @@
 """C of a ``Conv`` (a kernel applied at every position): per op, tables of
 where its numbers live (``templates/conv.c``'s ``ConvOp``) and calls of the
-fixed loops (``templates/conv_body.c``, built once per instruction set,
-chosen at first use by ``templates/conv_choose.c``).
+fixed loops (``templates/conv_body.c``, built once per instruction set with
+the register tiles the program's ops need, chosen at first use by
+``templates/conv_choose.c``).
 
 The tables carry every order the interpreter fixes: the forward adds each
 window's terms in offset order after the head; the input gradient's lists
@@ -57,10 +58,12 @@ def register_tiles(n, O, level, min_tiles=1):
 
 
 def bgw_tiles(K, O, level):
+    """The weight gradient's tiles: offsets by channels."""
     return register_tiles(K, O, level, MIN_TILES)
 
 
 def fwd_tiles(op, level):
+    """The forward's tiles: whole windows (the op's ``full`` positions, in order) by channels."""
     return register_tiles(int(np.all(op.x >= 0, axis=1).sum()), op.weights.shape[0], level)
 
 
@@ -84,8 +87,8 @@ def _pull_lists(rows, ids, O, P):
 
 def fixed_loops(ops=()):
     """The Conv loops' C: what they share, the loops once per instruction
-    set this build may meet (with the weight-gradient tiles ``ops`` need),
-    and the choice of one."""
+    set this build may meet (with the register tiles ``ops`` need), and the
+    choice of one."""
     body = read_template('conv_body.c')
 
     def built_for(isa, level):

@@ -1,12 +1,14 @@
 /* ---- Conv loops, built for one instruction set --------------------------------
  *
  * Included once per instruction set by compiler/codegen/conv.py, with CV_ISA
- * (the suffix of every name here) and CV_LEVEL set before it: 2 AVX-512, 1
- * AVX2, 0 the baseline, -1 plain C (tcc). The loops are the same C at every
- * level; only how wide the compiler makes the 8-lane inner loops differs, so
- * every level gives the same bits: each output is ONE running sum, its
- * terms added in the interpreter's order, acc = acc + (w * x) (two
- * roundings: no FMA, see contract.h), lanes being independent sums.
+ * (the suffix of every name here), CV_LEVEL (2 AVX-512, 1 AVX2, 0 the
+ * baseline, -1 plain C: tcc) and the register tiles' shapes (CV_FWD_SHAPES,
+ * CV_BGW_SHAPES) set before it. The loops are the same C at every level;
+ * only how wide the compiler makes the 8-lane inner loops and how many sums
+ * a tile holds differ, so every level gives the same bits: each output is
+ * ONE running sum, its terms added in the interpreter's order, acc = acc +
+ * (w * x) (two roundings: no FMA, see contract.h), lanes and tiles being
+ * independent sums.
  */
 #if CV_LEVEL >= 1 && defined(__x86_64__)
 #  if defined(__clang__)
