@@ -254,13 +254,18 @@ def conv_net(spec, params):
     net = Sequential(*modules)
     if params is not None:
         it = iter(params)
-        for m in net.modules:
-            if isinstance(m, Conv2d):
-                m.w = [[next(it) for _ in w] for w in m.w]
-                m.b = [next(it) for _ in m.b]
+        _adopt_convs(net, it)
         head = list(it)
         return lambda image: _logits(net(image), head)
     return net
+
+
+def _adopt_convs(net, it):
+    """The convs of ``net`` take their weights and biases from ``it``, in parameters() order."""
+    for m in net.modules:
+        if isinstance(m, Conv2d):
+            m.w = [[next(it) for _ in w] for w in m.w]
+            m.b = [next(it) for _ in m.b]
 
 
 def _logits(features, head):
@@ -447,7 +452,7 @@ def test_the_input_gradient_pulled_in_blocks_of_images_and_pushed():
     model = assert_train_batch_matches_interpreter(build, varied(samples, 43), param_values, 0.1,
                                                    COMPILERS[-1], threads=1)
     assert bgx_paths(model) == {'conv2': True}
-    # a conv whose outputs (through a max-pool) the next conv reads window by
+    # a conv whose outputs (through an average pool) the next conv reads window by
     # window, every channel at each place: its rows go in that order, not
     # channel by channel, so its input gradient is pushed
     side = 11
@@ -459,10 +464,7 @@ def test_the_input_gradient_pulled_in_blocks_of_images_and_pushed():
 
     def build(inputs, params):
         it = iter(params)
-        for m in shape.modules:
-            if isinstance(m, Conv2d):
-                m.w = [[next(it) for _ in w] for w in m.w]
-                m.b = [next(it) for _ in m.b]
+        _adopt_convs(shape, it)
         logits = _logits(shape([[inputs[r * side:(r + 1) * side] for r in range(side)]]), list(it))
         return cross_entropy(logits, inputs[side * side:]), logits
     X = np.array([[rng.choice((0.0, rng.uniform(-1, 1))) for _ in range(side * side)]

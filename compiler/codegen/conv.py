@@ -94,7 +94,7 @@ def fixed_loops(ops=()):
     def built_for(isa, level):
         def shapes(tiles):
             return ' '.join(f'X({n}, {ov})' for n, ov in sorted({(n, ov) for _, n, _, ov in tiles}))
-        bgw = [t for op in ops for t in bgw_tiles(*op.weights.shape[::-1], level)]
+        bgw = [t for op in ops for t in bgw_tiles(op.weights.shape[1], op.weights.shape[0], level)]
         fwd = [t for op in ops for t in fwd_tiles(op, level)]
         return '\n'.join([f'#define CV_ISA {isa}', f'#define CV_LEVEL {level}',
                           f'#define CV_FWD_SHAPES(X) {shapes(fwd)}', f'#define CV_BGW_SHAPES(X) {shapes(bgw)}', body,

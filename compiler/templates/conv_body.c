@@ -158,10 +158,10 @@ CV_NAME(conv_fwd)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
 #else
 #define CV_BGX_JB 1
 #endif
-#define CV_BGX_PULL(NV, JB)                                                                            \
+#define CV_BGX_PULL(NAME, NV, JB)                                                                      \
 static void                                                                                            \
-CV_NAME(bgx_pull_##NV##_##JB)(const ConvOp *c, int j0, const double *CV_RESTRICT wk,                   \
-                              const double *CV_RESTRICT gyT, double *CV_RESTRICT gxT)                  \
+CV_NAME(NAME)(const ConvOp *c, int j0, const double *CV_RESTRICT wk, const double *CV_RESTRICT gyT,    \
+              double *CV_RESTRICT gxT)                                                                 \
 {                                                                                                      \
     const int O = c->O, K = c->K, P = c->P, L = 8 * NV;                                                \
     CV_LANES(a[JB][NV]);                                                                               \
@@ -184,24 +184,10 @@ CV_NAME(bgx_pull_##NV##_##JB)(const ConvOp *c, int j0, const double *CV_RESTRICT
         CV_UNROLL for (int u = 0; u < NV; u++)                                                         \
             CV_PUT(gxT + (size_t)(j0 + t) * L + 8 * u, a[t][u]);                                       \
 }
-CV_BGX_PULL(1, 1)
-#if CV_BGX_NV == 4
-CV_BGX_PULL(4, 1)
-#define CV_BGX_PULL_NV(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_4_1)(c, j0, wk, gyT, gxT)
-#if CV_BGX_JB == 4
-CV_BGX_PULL(4, 4)
-#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_4_4)(c, j0, wk, gyT, gxT)
-#else
-#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_4_1)(c, j0, wk, gyT, gxT)
-#endif
-#elif CV_BGX_NV == 2
-CV_BGX_PULL(2, 1)
-#define CV_BGX_PULL_NV(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_2_1)(c, j0, wk, gyT, gxT)
-#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_2_1)(c, j0, wk, gyT, gxT)
-#else
-#define CV_BGX_PULL_NV(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_1_1)(c, j0, wk, gyT, gxT)
-#define CV_BGX_PULL_NV_JB(c, j0, wk, gyT, gxT) CV_NAME(bgx_pull_1_1)(c, j0, wk, gyT, gxT)
-#endif
+/* one input, 8 images; one input, 8 * CV_BGX_NV images; CV_BGX_JB inputs at once */
+CV_BGX_PULL(bgx_pull_one, 1, 1)
+CV_BGX_PULL(bgx_pull_wide, CV_BGX_NV, 1)
+CV_BGX_PULL(bgx_pull_block, CV_BGX_NV, CV_BGX_JB)
 #undef CV_BGX_PULL
 
 /* Input gradient: the rows in the interpreter's backward order (rows[],
@@ -236,12 +222,12 @@ CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
         if (c->pull && nv == CV_BGX_NV) {
             int j = 0;
             for (; j + CV_BGX_JB <= NX; j += CV_BGX_JB)
-                CV_BGX_PULL_NV_JB(c, j, wk, gyT, gxT);
+                CV_NAME(bgx_pull_block)(c, j, wk, gyT, gxT);
             for (; j < NX; j++)
-                CV_BGX_PULL_NV(c, j, wk, gyT, gxT);
+                CV_NAME(bgx_pull_wide)(c, j, wk, gyT, gxT);
         } else if (c->pull)
             for (int j = 0; j < NX; j++)
-                CV_NAME(bgx_pull_1_1)(c, j, wk, gyT, gxT);
+                CV_NAME(bgx_pull_one)(c, j, wk, gyT, gxT);
         else
             for (int i = 0; i < O * P; i++) {
                 const int o = c->rows[i] / P, p0 = c->rows[i] % P;
@@ -278,8 +264,6 @@ CV_NAME(conv_bgx)(const ConvOp *c, const Block *b, int r0, int r1, void *scratch
     }
 }
 #undef CV_BGX_NV
-#undef CV_BGX_PULL_NV
-#undef CV_BGX_PULL_NV_JB
 #undef CV_BGX_JB
 
 /* A tile of the weight gradient: TK offsets by OV vectors of 8 channels of
