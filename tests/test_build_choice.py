@@ -2,14 +2,20 @@
 chooses for a program's size (the choice, never a time), and that a build
 whose straight-line parts have a level of their own is still exact."""
 import math
+import os
 import random
 import shutil
 import subprocess
+import sysconfig
 
 import pytest
 
 from compiler.build import cache, choice as choosing
 from compiler.build import COMPILE_BUDGET, COMPILE_SECONDS, BuildRequest, build_extension, choose_build, plan
+from compiler import SGD, Adam, emit_module, trace
+from compiler.passes import run_passes
+from micrograd import Value
+from micrograd.nn import MLP
 from tests.differential import FAST_CC, assert_matches_interpreter
 from tests.test_build import compile_tiny
 
@@ -166,3 +172,31 @@ def test_plan_is_the_request_compile_builds(tmp_path, monkeypatch):
         build_extension(request, flags=['-O1'])
     with pytest.raises(ValueError, match='-Ofast'):
         plan(request.source, cc=FAST_CC, opt='-Ofast', flags=['-O1'])   # refused even with flags=
+
+
+def headers_read(text):
+    """The headers gcc reads for a translation unit's text (with -DNN_PYTHON,
+    as the builds pass it, and Python's headers)."""
+    r = subprocess.run(['gcc', '-E', '-DNN_PYTHON', '-I', sysconfig.get_paths()['include'], '-x', 'c', '-'],
+                       input=text, capture_output=True, text=True, check=True)
+    return {os.path.basename(line.split('"')[1]) for line in r.stdout.splitlines() if line.startswith('# ')}
+
+
+@pytest.mark.skipif(not HAVE['gcc'], reason="gcc is not installed")
+def test_only_the_units_with_vector_loops_read_immintrin_h():
+    """immintrin.h costs clang 0.1 s and gcc 0.3 s in each unit that reads it:
+    the loop kernels read it, Adam's vector steps in the module's unit, and
+    nothing else (the straight-line parts, the module's unit with SGD)."""
+    model = MLP(20, [16, 4], seed=0)
+    x = [Value(0.1 * i) for i in range(20)]
+    nodes = model(x)
+    for k in range(6000):              # a straight-line tail of several parts
+        nodes.append((nodes[-1] * 0.5 + nodes[-1 - k % 3]).tanh())
+    loss = sum(nodes[-10:])
+    program = run_passes(trace(loss, x, model.parameters()))
+    for optimizer, module_reads in ((SGD(lr=0.1), False), (Adam(lr=0.1), True)):
+        source = emit_module(program, optimizer=optimizer)
+        units = dict(source.parts)
+        assert source.straight and 'kernels' in units
+        reads = {name: 'immintrin.h' in headers_read(text) for name, text in units.items()}
+        assert reads == {name: name == 'kernels' or name == 'module' and module_reads for name in units}, reads

@@ -165,6 +165,10 @@ def prologue(numbers_c, python):
     return '\n'.join(head) + '\n' + numbers_c + '\n'
 
 
+# A unit without vector intrinsics: immintrin.h alone costs a compiler 0.1-0.3 s
+_NO_INTRINSICS = '#define NN_NO_INTRINSICS 1   /* no vector intrinsics here: no immintrin.h */'
+
+
 def _section(names):
     return '\n'.join(read_template(name) for name in names)
 
@@ -230,8 +234,10 @@ def emit_module(program, optimizer=None, initial_params=None):
         tables.append(_table('double', 'INITIAL_PARAMS[]', [c_double(x) for x in initial_params] or ['0.0']))
     tables_c = '/* ---- tables ---- */\n' + '\n'.join(tables)
 
-    def module_unit(program_c, kernel_code):
+    def module_unit(program_c, kernel_code, intrinsics=True):
         head = prologue(numbers_c, python=True)
+        if not intrinsics:
+            head += _NO_INTRINSICS + '\n'
         before = [_section(['contract.h']), read_template('kernels_api.c') if uses_matvec else '',
                   kernel_code, _section(['program.h', 'state.h', 'pool.c', 'optimizer.c'])]
         return '\n'.join([head, *before, '/* ---- the program (compiler/codegen) ---- */', program_c, tables_c,
@@ -242,8 +248,10 @@ def emit_module(program, optimizer=None, initial_params=None):
     if not kernel_code and len(segments) <= 1:
         return Source(single, [('module', single)], prog.functions.statements,   # small: one unit
                       table_ops=prog.table.n if prog.table else 0)
-    parts = [('module', module_unit(body, ''))]
-    common = prologue(numbers_c, python=False) + '\n' + read_template('contract.h')
+    # the module's own unit reads immintrin.h only for Adam's vector steps (the Conv
+    # loops are written with vector types of the compiler's own)
+    parts = [('module', module_unit(body, '', intrinsics=optimizer_c.uses_intrinsics(optimizer)))]
+    common = '\n'.join([prologue(numbers_c, python=False), _NO_INTRINSICS, read_template('contract.h')])
     if kernel_code:
         # the kernels' units see only the fixed numbers: one object for every program
         fixed = '\n'.join([prologue(_defines_c(_FIXED_DEFINES), python=False), read_template('contract.h'),

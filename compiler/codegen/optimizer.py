@@ -5,6 +5,11 @@ from compiler.codegen.scalar import c_double
 from compiler.optim import Adam, AdamW, SGD
 
 
+def uses_intrinsics(optimizer):
+    """Its step has vector loops written with immintrin.h (Adam's square roots)."""
+    return type(optimizer) in (Adam, AdamW)
+
+
 def defines(optimizer):
     """The ``#define`` lines describing ``optimizer`` (None: plain SGD with
     the lr of each call)."""

@@ -41,7 +41,7 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
  * be vectorised by the compiler: sqrt may set errno); returns how many were
  * done. One function per instruction set, chosen by the state's
  * vector_level (read at load). */
-#if defined(HAVE_VECTOR_LEVEL)
+#if defined(HAVE_VECTOR_LEVEL) && !defined(NN_NO_INTRINSICS)
 #define ADAM_VECTORS 1
 #define ADAM_VECTOR_LOOP(NAME, TARGET, W, SQRT_INTRINSIC, VTYPE)                            \
     typedef double NAME##_v __attribute__((vector_size(W * 8), aligned(8)));               \
