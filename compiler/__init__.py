@@ -18,9 +18,10 @@ import time
 import warnings
 
 from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
-                            HeadersNotFound, DEFAULT_TIMEOUT, build_extension, discard_entry,
-                            find_compiler, plan, program_hash)
-from compiler.codegen import emit_module
+                            HeadersNotFound, DEFAULT_TIMEOUT, build_extension, build_unit_ahead,
+                            discard_entry, find_compiler, plan, program_hash)
+from compiler.build.process import usable_cores
+from compiler.codegen import Source, emit_module, kernels_unit
 from compiler.ir import MatVec, Op, Program, Sum, inputs_used
 from compiler.load import load_module
 from compiler.export import ExportError
@@ -79,6 +80,8 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         t1 = time.perf_counter()
         timings['trace'] = t1 - t0
         if vectorize:
+            _kernels_ahead(program, cc=cc, opt=opt, flags=flags, native=native, timeout=timeout,
+                           include_dir=include_dir)
             program = run_passes(program)
         timings['passes'] = time.perf_counter() - t1
         t1 = time.perf_counter()
@@ -99,6 +102,29 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         model.set_params([p.data for p in params])
     model.threads = threads
     return model
+
+
+# A graph this large likely has MatVec ops and takes the front end a tenth of
+# a second or more: time enough for a second core to build their loops.
+AHEAD_MIN_OPS = 20_000
+
+
+def _kernels_ahead(program, **build):
+    """Start building the loop kernels' unit (the same for every program with
+    MatVec ops: it sees only the fixed numbers) on a second core while the
+    passes and codegen run on this one, into the cache, where the build finds
+    it. A guess: a small program's flags (the size-aware choice may take
+    others for a large one, and a program may have no MatVecs; the object
+    then waits in the cache for one that uses it). Compiled after the front
+    end, this unit was the last to finish for MNIST's MLPs."""
+    if program.n_ops < AHEAD_MIN_OPS or usable_cores() < 2:
+        return None
+    try:
+        name, text = kernels_unit()
+        request = plan(Source('', [('module', ''), (name, text)]), **build)
+    except (BuildError, OSError):
+        return None            # the program's own build reports it
+    return build_unit_ahead(request, name, text)
 
 
 def _lists(inputs, params, outputs, constants):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -23,8 +24,11 @@ from compiler import build
 from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
                             HeadersNotFound, Toolchain, build_extension, build_key, cache_dir,
                             default_flags, find_compiler)
+from compiler.build import run as build_run
+from compiler.codegen import Source, kernels_unit
 from compiler.load import load_module
 from micrograd import Value
+from micrograd.nn import MLP
 
 from tests.differential import COMPILERS, FAST_CC, needs_cc
 from tests.graphs import small_graph
@@ -395,6 +399,70 @@ BUILDER = textwrap.dedent('''\
     print(json.dumps({{'built': m.build.cmd is not None, 'cached': m.build.cached,
                       'path': m.build.path, 'loss': m.forward().hex()}}))
 ''')
+
+
+def compiler_runs(monkeypatch):
+    """Every compiler run from here on, as (thread name, output file name)."""
+    runs, real = [], build_run.run_in_own_group
+
+    def run(cmd, **kwargs):
+        runs.append((threading.current_thread().name, os.path.basename(cmd[cmd.index('-o') + 1])))
+        return real(cmd, **kwargs)
+    monkeypatch.setattr(build_run, 'run_in_own_group', run)
+    return runs
+
+
+@needs_cc
+def test_the_loop_kernels_are_built_ahead_while_a_large_graph_passes(fresh_cache, monkeypatch):
+    """compile() of a graph of AHEAD_MIN_OPS ops or more starts the loop
+    kernels' unit (the same for every program) on a second core after the
+    trace; the build then finds that object in the cache instead of compiling
+    it again, and the results are the interpreter's."""
+    monkeypatch.setattr(compiler, 'usable_cores', lambda: 2)
+    runs = compiler_runs(monkeypatch)
+    model = MLP(200, [56, 10], seed=0)
+    x = [Value(math.sin(i)) for i in range(200)]
+    out = model(x)
+    zero = Value(0.0)
+    loss = sum((o * o for o in out), zero)
+    m = compiler.compile(loss, x, model.parameters(), cc=FAST_CC, constants=[zero])
+    assert m.program.n_ops > 0 and sum(isinstance(op, compiler.MatVec) for op in m.program.ops)
+    name, text = kernels_unit()
+    tc, flags = m.build.toolchain, m.build.flags
+    kernels = build.build_key(text, tc, ['-c', *flags]) + '.o'
+    assert os.path.exists(os.path.join(fresh_cache, kernels))
+    built = [thread for thread, out in runs if out.startswith(f'.tmp-{kernels[:-2]}')]
+    assert built == ['micrograd-kernels-ahead'], runs
+    loss.backward()
+    m.set_input([v.data for v in x])
+    assert m.forward() == loss.data
+    m.backward()
+    assert list(m.grads()) == [p.grad for p in model.parameters()]
+
+
+@needs_cc
+def test_a_small_graph_builds_nothing_ahead_and_nothing_is_built_ahead_without_a_cache(fresh_cache,
+                                                                                       monkeypatch):
+    runs = compiler_runs(monkeypatch)
+    model = MLP(20, [16, 4], seed=0)          # MatVecs, but 1,000 ops: the front end is quick
+    x = [Value(0.5) for _ in range(20)]
+    compiler.compile(sum(model(x)), x, model.parameters(), cc=FAST_CC)
+    assert runs and not [thread for thread, _ in runs if thread.endswith('-ahead')], runs
+    monkeypatch.setenv('MICROGRAD_CACHE', '0')
+    name, text = kernels_unit()
+    request = build.plan(Source('', [('module', ''), (name, text)]), cc=FAST_CC)
+    assert build.build_unit_ahead(request, name, text) is None
+
+
+@needs_cc
+def test_a_unit_that_fails_ahead_leaves_nothing_and_says_nothing(tmp_path, fresh_cache):
+    """The build that needs the unit reports a failure, with its context."""
+    cc = fake_cc(str(tmp_path), 'badcc', 'echo "nn.c:1: error: no" >&2; exit 1')
+    request = build.plan(Source('', [('module', ''), ('kernels', 'int x;')]), cc=cc)
+    thread = build.build_unit_ahead(request, 'kernels', 'int x;')
+    thread.join(60)
+    assert not thread.is_alive()
+    assert_nothing_half_written(fresh_cache)
 
 
 @needs_cc

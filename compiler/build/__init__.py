@@ -27,7 +27,7 @@ from compiler.build.choice import (COMPILE_BUDGET, COMPILE_SECONDS, DEFAULT_BUIL
                                    choose_build, compile_estimate, plan)
 from compiler.build.errors import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
                                    HeadersNotFound)
-from compiler.build.extension import build_extension
+from compiler.build.extension import build_extension, build_unit_ahead
 from compiler.build.flags import (DEFAULT_OPT, DEFAULT_TIMEOUT, OPT_LEVELS, check_flags, check_opt,
                                   check_timeout, default_flags)
 from compiler.build.request import Build, BuildRequest
@@ -35,7 +35,7 @@ from compiler.build.toolchain import Toolchain, find_compiler, python_include
 from compiler.build.verify import elf_problem, program_hash
 
 __all__ = ['BuildError', 'CacheError', 'CompileError', 'CompilerNotFound', 'CompileTimeout', 'HeadersNotFound',
-           'Build', 'BuildRequest', 'Choice', 'Toolchain', 'build_extension', 'plan', 'choose_build',
+           'Build', 'BuildRequest', 'Choice', 'Toolchain', 'build_extension', 'build_unit_ahead', 'plan', 'choose_build',
            'find_compiler', 'default_flags', 'check_flags', 'check_opt', 'check_timeout', 'program_hash',
            'elf_problem', 'discard_entry', 'build_key', 'cache_dir', 'cache_root', 'cache_max', 'cache_chosen',
            'cache_disabled', 'python_include', 'compile_estimate', 'build_estimate', 'DEFAULT_TIMEOUT',

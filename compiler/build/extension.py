@@ -56,6 +56,31 @@ def build_extension(request, toolchain=None, flags=None, **options):
     return _build_in_temporary_folder(request)
 
 
+def build_unit_ahead(request, name, text):
+    """Start building the translation unit ``name`` (C ``text``) of
+    ``request`` into the cache in a background thread, for a build to come
+    that has that unit: it then finds the object (or waits for it on the
+    entry's lock) instead of compiling it after its program's front end. The
+    thread, or None when there is no usable cache (nothing built ahead may be
+    lost). The build itself says nothing: a failure is the later build's to
+    report, with its context."""
+    try:
+        root = None if cache_disabled() else cache_dir()
+    except CacheError:
+        return None
+    if root is None:
+        return None
+
+    def build():
+        try:
+            _object(request, name, text, root, cached=True)
+        except Exception:
+            pass
+    thread = threading.Thread(target=build, name=f'micrograd-{name}-ahead', daemon=True)
+    thread.start()
+    return thread
+
+
 def _cached(root, key, suffix, text, make):
     """The entry ``KEY.suffix`` of the cache folder ``root``: reused when it is
     trusted, else built under its lock by ``make(source_path, out_path)``

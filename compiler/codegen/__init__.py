@@ -15,8 +15,8 @@ vector ops), and the emitted ``forward_rows``, ``backward_rows`` and
 ``param_grads`` run the segments and the vector ops' loops over a range of
 rows, then add the parameter gradients up over the rows in row order.
 """
-from compiler.codegen.module import GENERATOR_VERSION, Source, emit_header, emit_module
+from compiler.codegen.module import GENERATOR_VERSION, Source, emit_header, emit_module, kernels_unit
 from compiler.codegen.program import _Functions, _Program   # noqa: F401 (_Functions: for tests)
 from compiler.codegen.scalar import c_double
 
-__all__ = ['emit_module', 'emit_header', 'Source', 'c_double', 'GENERATOR_VERSION']
+__all__ = ['emit_module', 'emit_header', 'kernels_unit', 'Source', 'c_double', 'GENERATOR_VERSION']

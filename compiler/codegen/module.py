@@ -93,6 +93,15 @@ def _kernels():
                       '#endif', read_template('kernels_choose.c')])
 
 
+def kernels_unit():
+    """The loop kernels' translation unit, ``(name, text)``: it sees only the
+    fixed numbers, so its object is one for every program (and can be built
+    before the program is known: ``compiler.build.ahead``)."""
+    fixed = '\n'.join([prologue(_defines_c(_FIXED_DEFINES), python=False), read_template('contract.h'),
+                       read_template('kernels_api.c')])
+    return 'kernels', fixed + '\n' + _kernels()
+
+
 def _runs(program, layout):
     """``PARAM_RUNS``: where each parameter (in the user's order) is in ``p``,
     as runs ``{count, user start, user step, p start, p step}`` (found with
@@ -253,10 +262,7 @@ def emit_module(program, optimizer=None, initial_params=None):
     parts = [('module', module_unit(body, '', intrinsics=optimizer_c.uses_intrinsics(optimizer)))]
     common = '\n'.join([prologue(numbers_c, python=False), _NO_INTRINSICS, read_template('contract.h')])
     if kernel_code:
-        # the kernels' units see only the fixed numbers: one object for every program
-        fixed = '\n'.join([prologue(_defines_c(_FIXED_DEFINES), python=False), read_template('contract.h'),
-                           read_template('kernels_api.c')])
-        parts.append(('kernels', fixed + '\n' + kernel_code))
+        parts.append(kernels_unit())
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
     return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight],
                   table_ops=prog.table.n if prog.table else 0)
