@@ -195,3 +195,42 @@ def test_a_valid_state_round_trips_and_sgd_momentum_state_is_not_applied_to_plai
     plain, _ = gradient_feeder(compiler.SGD(0.1))
     plain.load_weights(tmp_path / 'w.npz')     # another configuration: parameters only
     assert plain.params().tolist() == m.params().tolist() and plain.optimizer_state().tolist() == [0.0]
+
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [1, 2, 3])
+def test_a_large_models_step_and_its_packed_weights_are_the_interpreters_on_any_thread_count(threads, cc):
+    """Past MIN_SPLIT_PARAMS (optimizer.c) the step runs on the threads and so
+    do the packs of the weights the loops read (each part packs every
+    parts-th): every weight's new value must reach the next forward."""
+    from micrograd.nn import MLP
+    opt, targets = compiler.Adam(0.01), np.linspace(-1.0, 1.0, 10).tolist()
+    rng = np.random.default_rng(5)
+    model = MLP(200, [72, 40, 10])             # 17,802 parameters, three weight blocks
+    params = model.parameters()
+    for p, v in zip(params, rng.standard_normal(len(params)) * 0.1):
+        p.data = float(v)
+
+    def loss_of(x):
+        return sum((o - t) ** 2 for o, t in zip(model(x), targets))
+    x = [Value(0.0) for _ in range(200)]
+    m = compiler.compile(loss_of(x), x, params, cc=cc, optimizer=opt, threads=threads)
+    assert m.summary().count('MatVec') == 3, m.summary()   # the packed weights' loops
+    state = [0.0] + [[0.0] * len(params) for _ in range(opt.state_vectors)]
+    for k in range(4):
+        row = rng.standard_normal(200).tolist()
+        for p in params:
+            p.grad = 0.0
+        want = loss_of([Value(v) for v in row])   # the interpreter, at this step's weights
+        want.backward()
+        m.zero_grad()
+        m.set_input(row)
+        assert m.forward() == want.data, k
+        m.backward()
+        m.step()
+        p_ref = [p.data for p in params]
+        opt.reference_step(p_ref, [p.grad for p in params], state)
+        for p, v in zip(params, p_ref):
+            p.data = v
+        assert m.params().tolist() == p_ref, k

@@ -99,22 +99,34 @@ class MatVecRenderer:
     def _row(self, slot):
         return self.layout.row_index(slot)
 
-    def refresh(self):
-        """``refresh_aux`` statements: panels, padded heads and flags."""
-        lay, lines = self.layout, []
+    def packs(self):
+        """The packed copies of the weights ``refresh_aux`` makes, each a
+        piece independent of the others: [(doubles it copies, C statement)].
+        A weight's forward panels also give its flag "every weight finite";
+        each input-gradient order of it has its own panels."""
+        lay, pieces = self.layout, []
         for wt0, wa in lay.weight_aux.items():
             op = next(o for o in self.ops if o.wt0 == wt0)
             RP = round_up(op.rows, PANEL)
-            lines += [f'/* W of {self.name[id(op)]}: {op.rows}x{op.cols} */',
-                      f'mv_pack_fwd(p + {lay.weight_base[wt0]}, {op.rows}, {op.cols}, {RP}, aux + {wa.panels});',
-                      f'aux[{wa.finite}] = mv_all_finite(p + {lay.weight_base[wt0]}, {op.cols * RP});']
+            pieces.append((op.rows * op.cols,
+                           f'aux[{wa.finite}] = mv_pack_fwd(p + {lay.weight_base[wt0]}, {op.rows}, {op.cols}, '
+                           f'{RP}, aux + {wa.panels});   /* W of {self.name[id(op)]}: {op.rows}x{op.cols} */'))
+        filled = {-1}
+        for op in self.ops:
+            at = lay.aux[id(op)].bgx
+            if at not in filled:
+                filled.add(at)
+                pieces.append((op.rows * op.cols, self._pack_bgx(op, at)))
+        return pieces
+
+    def refresh(self):
+        """``refresh_aux`` statements after the packs (``packs``): padded
+        heads and the flags that let the loops skip zeros."""
+        lay, lines = self.layout, []
         filled = {-1}       # aux places that uses of one weight share (Layout): fill them once
         for op in self.ops:
             a, wa = lay.aux[id(op)], lay.weight_aux[op.wt0]
             name = self.name[id(op)]
-            if a.bgx not in filled:
-                filled.add(a.bgx)
-                lines.append(self._pack_bgx(op, a.bgx))
             if a.skip in filled:
                 continue
             filled.add(a.skip)

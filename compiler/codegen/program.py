@@ -110,6 +110,22 @@ def _constants_blob(lay, constants):
         f'for (int i = 0; i < {n}; i++) p[at[i]] = value[i];']]
 
 
+def _refresh_packs(pieces):
+    """``refresh_packs``: the weights' packed copies (``MatVecs.packs``),
+    heaviest first, piece i on part i % parts, so that the parts of a pool
+    share them (``optimizer_step``) and one part makes them all."""
+    pieces = sorted(pieces, key=lambda piece: -piece[0])
+    out = ['/* the packed copies of the weights, heaviest first: each part of a pool takes every',
+           ' * parts-th (refresh_aux: all of them, then refresh_rest) */',
+           'static void\nrefresh_packs(const double *restrict p, double *restrict aux, int part, int parts)\n{']
+    if pieces:
+        out += [f'    for (int i = part; i < {len(pieces)}; i += parts) {{', '        switch (i) {']
+        out += [f'        case {i}: {statement} break;' for i, (_, statement) in enumerate(pieces)]
+        out += ['        }', '    }']
+    out += ['    (void)p; (void)aux; (void)part; (void)parts;\n}\n']
+    return out
+
+
 def _loss_of(layout, program):
     """The C macro of a row's loss."""
     loss = program.loss
@@ -458,7 +474,8 @@ class _Program:
         once = self._once()
         forward, backward = self.forward(), self.backward()
         out += self.functions.prototypes
-        out += ['', 'static void\nrefresh_aux(const double *restrict p, double *restrict aux)\n{']
+        out += _refresh_packs(self.matvecs.packs())
+        out += ['', 'static void\nrefresh_rest(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in self.matvecs.refresh() + once]
         out += ['    (void)p; (void)aux;\n}\n']
         out += self._once_values()

@@ -179,7 +179,7 @@ NN_API void
 nn_step(void *state, double lr)
 {
     NNState *st = (NNState *)state;
-    optimizer_step(st, lr, 1.0, 1);
+    optimizer_step(st, lr, 1.0, st->threads);
     st->forward_done = 0;
 }
 

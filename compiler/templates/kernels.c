@@ -34,18 +34,29 @@ mv_all_finite(const double *v, long n)
 
 /* Forward panels from W by column (RP apart): panels of 64 neurons (the
  * last one round8(R) - 64q wide, padded with 0), in each the neurons of
- * one input k side by side: wp[64q*C + k*nw + i] = W[64q + i][k]. */
-HIDDEN void
+ * one input k side by side: wp[64q*C + k*nw + i] = W[64q + i][k]. Returns
+ * whether every weight it copied is finite (the flag that lets the loops
+ * skip zeros), so that W is read once. */
+HIDDEN int
 mv_pack_fwd(const double *wt, int R, int C, int RP, double *wp)
 {
     const int R8 = (R + 7) & ~7;
+    int finite = 1;
     for (int n0 = 0; n0 < R8; n0 += MV_PW) {
-        const int nw = mv_min(MV_PW, R8 - n0);
+        const int nw = mv_min(MV_PW, R8 - n0), real = mv_min(nw, R - n0);
         double *q = wp + (size_t)n0 * C;
-        for (int k = 0; k < C; k++)
-            for (int i = 0; i < nw; i++)
-                q[(size_t)k * nw + i] = n0 + i < R ? wt[(size_t)k * RP + n0 + i] : 0.0;
+        for (int k = 0; k < C; k++) {
+            const double *w = wt + (size_t)k * RP + n0;
+            double *out = q + (size_t)k * nw;
+            for (int i = 0; i < real; i++) {
+                out[i] = w[i];
+                finite &= isfinite(w[i]) != 0;
+            }
+            for (int i = real; i < nw; i++)
+                out[i] = 0.0;
+        }
     }
+    return finite;
 }
 
 /* Input-gradient panels: panels of 64 inputs, W's rows in the interpreter's

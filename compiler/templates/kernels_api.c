@@ -59,7 +59,7 @@ struct MatVecKernels {
 };
 
 HIDDEN int mv_all_finite(const double *v, long n);
-HIDDEN void mv_pack_fwd(const double *wt, int R, int C, int RP, double *wp);
+HIDDEN int mv_pack_fwd(const double *wt, int R, int C, int RP, double *wp);
 HIDDEN void mv_pack_bgx(const double *wt, const int *perm, int R, int C, int RP, double *wq);
 HIDDEN const MatVecKernels *mv_choose_kernels(void);
 HIDDEN extern unsigned long long mv_macs[3];   /* the loops' work, for benchmarks (kernels.c) */

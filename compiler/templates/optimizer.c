@@ -107,11 +107,21 @@ optimizer_range(NNState *st, double lr, double divisor, double t, int j0, int j1
 #endif
 }
 
+/* aux from p: every packed copy of the weights, then the rest */
+static void
+refresh_aux(const double *restrict p, double *restrict aux)
+{
+    refresh_packs(p, aux, 0, 1);
+    refresh_rest(p, aux);
+}
+
 typedef struct {
     NNState *st;
     double lr, divisor, t;
 } OptimizerJob;
 
+/* A part's share of the step, then (once every part has stepped) its share
+ * of the packs. */
 static void
 optimizer_job(void *ctx, int part, int parts)
 {
@@ -123,6 +133,8 @@ optimizer_job(void *ctx, int part, int parts)
     if (j1 > N_PARAM_SPAN)
         j1 = N_PARAM_SPAN;
     optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
+    pool_barrier(&o->st->pool, parts);
+    refresh_packs(o->st->p, o->st->aux, part, parts);
 }
 
 /* Below this many parameters, waking the helpers costs more than they save. */
@@ -132,10 +144,12 @@ static void
 optimizer_step(NNState *st, double lr, double divisor, int T)
 {
     OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0};
-    if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS)
+    if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS) {
         pool_run(&st->pool, optimizer_job, &o, T);
-    else
+        refresh_rest(st->p, st->aux);
+    } else {
         optimizer_range(st, lr, divisor, o.t, 0, N_PARAM_SPAN);
+        refresh_aux(st->p, st->aux);
+    }
     st->state[0] = o.t;
-    refresh_aux(st->p, st->aux);
 }

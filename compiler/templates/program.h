@@ -26,8 +26,11 @@ typedef struct {
 /* Generated for each program (after this point in nn.c), with LOSS_OF(row, p),
  * the loss of a row: */
 static void init_constants(double *restrict p);
-static void refresh_aux(const double *restrict p, double *restrict aux);
-/* the values computed once per change of p (by refresh_aux, compiler/invariant.py) into a row */
+/* the packed copies of the weights in aux: this part's share of them (of `parts`) */
+static void refresh_packs(const double *restrict p, double *restrict aux, int part, int parts);
+/* the rest of aux, from p and the packs: padded heads, flags, what is computed once */
+static void refresh_rest(const double *restrict p, double *restrict aux);
+/* the values computed once per change of p (by refresh_rest, compiler/invariant.py) into a row */
 static void once_values(const double *restrict aux, double *restrict row);
 static void forward_rows(const Block *b, int r0, int r1, void *scratch);
 static void backward_rows(const Block *b, int r0, int r1, void *scratch);
