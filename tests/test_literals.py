@@ -47,7 +47,7 @@ def kernel_literal_problems(source):
     """Numeric literals in the double arithmetic of the program bodies that are
     not exact floating literals: bare integers, suffixes, decimal fractions.
     Integers are expected, and skipped, in ``[]`` indices, loop headers,
-    ``memset`` and ``memcpy`` arguments, the arguments of the loop kernels (shapes and offsets),
+    ``memset`` and ``memcpy`` arguments, ``case`` labels, the arguments of the loop kernels (shapes and offsets),
     integer and pointer declarations, and assignments to integer variables."""
     kernels = source[source.index('/* ---- the program'):source.index('/* ---- tables')]
     kernels = re.sub(r'/\*.*?\*/', ' ', kernels, flags=re.S)
@@ -70,6 +70,7 @@ def kernel_literal_problems(source):
         for call in set(KERNEL_CALL.findall(code)):     # shapes and offsets of the loop kernels
             code = _drop_balanced(code, call, '(', ')')
         code = _drop_balanced(code, '[', '[', ']')
+        code = re.sub(r'\bcase \d+:', ' ', code)      # switch labels (refresh_packs' pieces)
         for statement in re.split(r'[;{}]', code):
             statement = re.sub(r'^\s*(?:else\s+)?', '', statement)
             condition = ''
