@@ -13,10 +13,10 @@
  * vhat = v / (1 - b2^t);  p -= lr mhat / (sqrt(vhat) + eps). ADAM_STEP is
  * one parameter's step on any type with the arithmetic operators: a double,
  * or a vector of them (each lane rounds as the double would: the same bits),
- * SQRT its square root. */
+ * SQRT its square root, G the gradient already divided by the divisor. */
 #define ADAM_STEP(T, SQRT, P, G, M, S)                                                     \
     do {                                                                                   \
-        T g_ = (G) / divisor, p_ = (P);                                                    \
+        T g_ = (G), p_ = (P);                                                              \
         if (OPT_KIND == OPT_ADAMW && OPT_WEIGHT_DECAY != 0)                                \
             p_ = p_ - lr * OPT_WEIGHT_DECAY * p_;                                          \
         if (OPT_KIND == OPT_ADAM && OPT_WEIGHT_DECAY != 0)                                 \
@@ -34,7 +34,7 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
             double lr, double divisor, double c1, double c2, int j0, int j1)
 {
     for (int j = j0; j < j1; j++)
-        ADAM_STEP(double, sqrt, p[j], gp[j], m[j], s[j]);
+        ADAM_STEP(double, sqrt, p[j], gp[j] / divisor, m[j], s[j]);
 }
 
 /* The same steps a vector of parameters at a time (the scalar loop cannot
@@ -52,9 +52,15 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
          double lr, double divisor, double c1, double c2, int j0, int j1)                  \
     {                                                                                      \
         int j = j0;                                                                        \
-        for (; j + W <= j1; j += W)                                                        \
-            ADAM_STEP(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j), *(const NAME##_v *)(gp + j), \
-                      *(NAME##_v *)(m + j), *(NAME##_v *)(s + j));                         \
+        if (divisor == 1.0)     /* g / 1.0 is g, bit for bit: one division less */         \
+            for (; j + W <= j1; j += W)                                                    \
+                ADAM_STEP(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j), *(const NAME##_v *)(gp + j), \
+                          *(NAME##_v *)(m + j), *(NAME##_v *)(s + j));                     \
+        else                                                                               \
+            for (; j + W <= j1; j += W)                                                    \
+                ADAM_STEP(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j),                     \
+                          *(const NAME##_v *)(gp + j) / divisor, *(NAME##_v *)(m + j),     \
+                          *(NAME##_v *)(s + j));                                           \
         return j;                                                                          \
     }
 ADAM_VECTOR_LOOP(adam_sse2, "sse2", 2, _mm_sqrt_pd, __m128d)
