@@ -213,6 +213,24 @@ def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
 
 @needs_cc
 @pytest.mark.parametrize('cc', COMPILERS)
+def test_a_constant_head_of_minus_zero_turns_off_the_zero_skipping(cc):
+    # Heads that are constants are copied once, at load, and whether one is
+    # -0.0 is known when the C is written: a row that starts at the constant
+    # -0.0 and gets only zero terms must still end at +0.0, as it does when
+    # the interpreter adds them.
+    def build(inputs, params):
+        it = iter(params)
+        ys = [sum((next(it) * x for x in inputs), -0.0 if r % 3 == 1 else 0.5) for r in range(17)]
+        return sum(ys), ys
+    params = [0.25 * ((i * 5) % 7 - 3) + 0.125 for i in range(17 * 5)]
+    samples = [[0.0] * 5, [0.0, 0.0, 1.0, 0.0, 0.0], [-0.0, 2.0, 0.0, 0.0, 0.0]]
+    m = assert_matches_interpreter(build, samples, params, cc)
+    assert 'MatVec' in vector_op_kinds(m.program)
+    assert 'a head is -0.0' in m.source
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
 def test_an_infinite_weight_turns_off_the_zero_skipping(cc):
     # inf * 0 is nan, so once update() has overflowed a weight, zero inputs
     # may no longer be skipped

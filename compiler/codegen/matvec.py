@@ -11,6 +11,8 @@ A block whose weights (or parameter heads) scalar code also reads (a
 regulariser, a tied weight) gets its gradient from ``shared_grads.py``
 instead: each row's contributions in that row's backward order.
 """
+import math
+
 import numpy as np
 
 from compiler.codegen.layout import PANEL, round_up
@@ -120,9 +122,11 @@ class MatVecRenderer:
         return pieces
 
     def refresh(self):
-        """``refresh_aux`` statements after the packs (``packs``): padded
-        heads and the flags that let the loops skip zeros."""
-        lay, lines = self.layout, []
+        """The rest of ``aux`` from p and the packs (``packs``): padded heads
+        and the flags that let the loops skip zeros. Returns (lines run once,
+        at nn_init: the heads that are constants, which nothing writes after
+        init_constants; lines run at every refresh)."""
+        lay, once, lines = self.layout, [], []
         filled = {-1}       # aux places that uses of one weight share (Layout): fill them once
         for op in self.ops:
             a, wa = lay.aux[id(op)], lay.weight_aux[op.wt0]
@@ -134,23 +138,34 @@ class MatVecRenderer:
             # at -0.0 (a head of -0.0; with heads in the rows: never checked, no skipping)
             if not op.heads:
                 lines.append(f'aux[{a.skip}] = aux[{wa.finite}];   /* {name} */')
-            elif a.heads < 0:
+                continue
+            if a.heads < 0:
                 lines.append(f'aux[{a.skip}] = 0.0;   /* {name}: heads in the rows */')
-            else:
-                strided = is_strided([self._p(h) for h in op.heads])
-                if strided:
-                    lines.append(f'for (int n = 0; n < {op.rows}; n++) aux[{a.heads} + n] = '
-                                 f'p[{strided[0]} + n * {strided[1]}];   /* heads of {name} */')
-                else:
-                    lines += ['{',
-                              f'    static const int at[{op.rows}] = {{{", ".join(str(self._p(h)) for h in op.heads)}}};',
-                              f'    for (int n = 0; n < {op.rows}; n++) aux[{a.heads} + n] = p[at[n]];   '
-                              f'/* heads of {name} */',
-                              '}']
+                continue
+            constants = self.program.constants
+            fixed = all(h in constants for h in op.heads)
+            (once if fixed else lines).extend(self._copy_heads(op, a.heads))
+            if not fixed:
                 lines += [f'aux[{a.skip}] = aux[{wa.finite}];',
                           f'for (int n = 0; n < {op.rows}; n++)',
                           f'    if (aux[{a.heads} + n] == 0.0 && signbit(aux[{a.heads} + n])) aux[{a.skip}] = 0.0;']
-        return lines
+            elif any(constants[h] == 0.0 and math.copysign(1.0, constants[h]) < 0 for h in op.heads):
+                lines.append(f'aux[{a.skip}] = 0.0;   /* {name}: a head is -0.0 */')
+            else:
+                lines.append(f'aux[{a.skip}] = aux[{wa.finite}];   /* {name} */')
+        return once, lines
+
+    def _copy_heads(self, op, at):
+        """Statements copying ``op``'s heads from p to aux + ``at``."""
+        name, heads = self.name[id(op)], [self._p(h) for h in op.heads]
+        strided = is_strided(heads)
+        if strided:
+            return [f'for (int n = 0; n < {op.rows}; n++) aux[{at} + n] = p[{strided[0]} + n * {strided[1]}];   '
+                    f'/* heads of {name} */']
+        return ['{',
+                f'    static const int at[{op.rows}] = {{{", ".join(map(str, heads))}}};',
+                f'    for (int n = 0; n < {op.rows}; n++) aux[{at} + n] = p[at[n]];   /* heads of {name} */',
+                '}']
 
     def _pack_bgx(self, op, at):
         return (f'mv_pack_bgx(p + {self.layout.weight_base[op.wt0]}, {self.name[id(op)]}_order, '

@@ -475,8 +475,12 @@ class _Program:
         forward, backward = self.forward(), self.backward()
         out += self.functions.prototypes
         out += _refresh_packs(self.matvecs.packs())
+        fixed, each = self.matvecs.refresh()
+        out += ['', 'static void\ninit_aux(const double *restrict p, double *restrict aux)\n{']
+        out += ['    ' + line for line in fixed]
+        out += ['    (void)p; (void)aux;\n}\n']
         out += ['', 'static void\nrefresh_rest(const double *restrict p, double *restrict aux)\n{']
-        out += ['    ' + line for line in self.matvecs.refresh() + once]
+        out += ['    ' + line for line in each + once]
         out += ['    (void)p; (void)aux;\n}\n']
         out += self._once_values()
         if not lay.recorded:

@@ -95,6 +95,7 @@ nn_init(void *state)
 #ifdef HAVE_INITIAL_PARAMS
     params_from_user(INITIAL_PARAMS, st->p);
 #endif
+    init_aux(st->p, st->aux);
     refresh_aux(st->p, st->aux);
     return NN_OK;
 }

@@ -26,6 +26,8 @@ typedef struct {
 /* Generated for each program (after this point in nn.c), with LOSS_OF(row, p),
  * the loss of a row: */
 static void init_constants(double *restrict p);
+/* what aux holds from the constants alone: once, after init_constants */
+static void init_aux(const double *restrict p, double *restrict aux);
 /* the packed copies of the weights in aux: this part's share of them (of `parts`) */
 static void refresh_packs(const double *restrict p, double *restrict aux, int part, int parts);
 /* the rest of aux, from p and the packs: padded heads, flags, what is computed once */
