@@ -42,6 +42,7 @@ from compiler.cli import first_difference, same_bits
 from compiler.files import atomic_write
 from microgpt import matrix_shapes, positions_of, prepare, probabilities, sequence_graph, value_weights
 from microgpt import RMS_EPS, Tokenizer, flatten  # noqa: F401 -- for benchmarks/bench_microgpt.py and the tests
+from micrograd import gc_paused
 
 NAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'names.txt')
 BETAS, ADAM_EPS = (0.85, 0.99), 1e-8
@@ -142,12 +143,15 @@ class CompiledGPT:
 
     def __init__(self, config, weights, lr, cc=None):
         self.config = config
-        sd, params = value_weights(weights)
-        graph = sequence_graph(sd, config, config.block_size)
-        self.model = compiler.compile(graph.losses, graph.inputs, params,
-                                      outputs=[z for row in graph.logits for z in row],
-                                      optimizer=adam(lr), cc=cc)
-        self.row = np.zeros(len(graph.inputs))
+        with gc_paused():   # millions of nodes, dropped inside: the collector never scans them
+            sd, params = value_weights(weights)
+            graph = sequence_graph(sd, config, config.block_size)
+            self.model = compiler.compile(graph.losses, graph.inputs, params,
+                                          outputs=[z for row in graph.logits for z in row],
+                                          optimizer=adam(lr), cc=cc)
+            n_inputs = len(graph.inputs)
+            del sd, params, graph
+        self.row = np.zeros(n_inputs)
         self._cells = memoryview(self.row)     # item writes: faster than numpy indexing here
         self._hot = []                          # where self.row holds a 1
 
@@ -202,6 +206,10 @@ class InterpreterGPT:
         self.state = [0.0, [0.0] * n, [0.0] * n]     # t, m, v (as optimizer_state() lays them out)
 
     def train_step(self, tokens, lr):
+        with gc_paused():   # the step's graph is freed inside, never scanned
+            return self._train_step(tokens, lr)
+
+    def _train_step(self, tokens, lr):
         n = positions_of(tokens, self.config)
         graph = sequence_graph(self.sd, self.config, n, tokens)
         loss = (1 / n) * sum(graph.losses)

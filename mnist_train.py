@@ -42,6 +42,7 @@ from compiler.build.cache import cache_root
 from compiler.files import atomic_write
 from compiler.model import MAX_THREADS, resolve_threads
 from compiler.weights import WeightsError, read as read_weights_file
+from micrograd import gc_paused
 from mnist_data import MODELS, N_CLASSES, ModelSpec, input_rows
 
 
@@ -132,10 +133,11 @@ def build_model(hidden=None, seed=0, cc=None, optimizer='sgd', lr=None, threads=
     compile it with ``optimizer`` (a key of ``OPTIMIZERS``; ``lr`` defaults
     to its rate). The label is an input, so one module serves every image."""
     _, default_lr, make = OPTIMIZERS[optimizer]
-    graph = ModelSpec(model, hidden).graph(seed)
-    return compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
-                            outputs=graph.logits, cc=cc, threads=threads,
-                            optimizer=make(default_lr if lr is None else lr))
+    with gc_paused():       # the graph is dropped inside: the collector never scans it
+        graph = ModelSpec(model, hidden).graph(seed)
+        return compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
+                                outputs=graph.logits, cc=cc, threads=threads,
+                                optimizer=make(default_lr if lr is None else lr))
 
 
 @dataclass

@@ -10,9 +10,7 @@ Program``), ``codegen`` (``Program`` -> C), ``build`` (C -> shared object,
 cached), ``load`` (shared object -> module). Each stage imports only the
 stages before it.
 """
-import contextlib
 import dataclasses
-import gc
 import os
 import time
 import warnings
@@ -28,7 +26,7 @@ from compiler.export import ExportError
 from compiler.model import CompiledModel, load, resolve_threads
 from compiler.optim import OPTIMIZERS, SGD, Adam, AdamW
 from compiler.trace import TraceError, trace, trace_graph
-from micrograd.engine import Value
+from micrograd.engine import Value, gc_paused
 from compiler.passes import run_passes
 
 __all__ = ['compile', 'trace', 'emit_module', 'CompiledModel', 'Program', 'Op', 'Sum', 'MatVec',
@@ -73,7 +71,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         raise TypeError(f"optimizer must be compiler.SGD, Adam or AdamW, not {type(optimizer).__name__}")
     threads = resolve_threads(threads)
     timings = {}
-    with _cyclic_gc_paused():
+    with gc_paused():
         t0 = time.perf_counter()
         program, _, undeclared = trace_graph(loss, inputs, params, outputs, constants, input_grads)
         _refuse_silent_mistakes(program, params, undeclared, inputs)
@@ -164,21 +162,6 @@ def _refuse_silent_mistakes(program, params, undeclared, inputs):
     if unused:
         warnings.warn(f"{len(unused)} inputs affect neither the loss nor the outputs "
                       f"({_labels(unused)})", UserWarning, stacklevel=3)
-
-
-@contextlib.contextmanager
-def _cyclic_gc_paused():
-    """The stages allocate one object per op and make no reference cycles, yet
-    each allocation burst makes the cyclic collector walk the whole graph
-    again (a third of the MNIST graph's trace time). Reference counting
-    still frees everything."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _load_built(request, build):

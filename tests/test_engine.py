@@ -288,3 +288,29 @@ def test_draw_dot_refuses_a_graph_too_big_to_lay_out_and_says_what_to_draw_inste
     with pytest.raises(ValueError, match=r"2,001 values.*\.draw\('model\.svg'\)"):
         micrograd.draw_dot(x)
     assert 'relu' in micrograd.draw_dot(x, max_nodes=3000).source
+
+
+def test_gc_paused_pauses_the_collector_and_gives_back_its_state_even_on_an_error():
+    import gc
+    was = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            with micrograd.gc_paused():
+                assert not gc.isenabled()
+                with micrograd.gc_paused():          # nested: the outer block's state stays
+                    pass
+                assert not gc.isenabled()
+            assert gc.isenabled() == before
+            with pytest.raises(ZeroDivisionError):
+                with micrograd.gc_paused():
+                    1 / 0
+            assert gc.isenabled() == before
+        gc.enable()
+        with micrograd.gc_paused():                  # a graph built and run inside is the same graph
+            x = Value(3.0)
+            y = (x * x + x).relu()
+            y.backward()
+        assert (y.data, x.grad) == (12.0, 7.0)
+    finally:
+        (gc.enable if was else gc.disable)()
