@@ -8,7 +8,9 @@ from slots written earlier. The first ``n_grad_ops`` ops are the loss's cone,
 the ones ``backward`` walks; the rest compute extra ``outputs`` only.
 
 This module says *what* is computed and imports nothing of the compiler's
-other stages: how an op becomes C is ``compiler/codegen``'s business.
+other stages: how an op becomes C is ``compiler/codegen``'s business. (Two
+analyses run their loops over a large program's arrays in the tracer's C
+module, ``compiler/walk.py``, when it is there: ``_native_loops``.)
 
 Ops:
 - ``Op``: one scalar operation of the interpreter (``SCALAR_OPS`` lists them).
@@ -357,6 +359,22 @@ def graph_hash(program):
     return h.hexdigest()[:16]
 
 
+def _native_loops(n_ops):
+    """The C module with ``mark_readers`` and ``cones_hold`` (the loops of
+    ``needs_grad`` and ``prefixes_hold``, same results), for programs large
+    enough that the tracer loads it anyway; None: loop in Python."""
+    from compiler import walk
+    if n_ops < walk.NATIVE_MIN_OPS:
+        return None
+    return walk.native_walker()
+
+
+def _int64s(*arrays):
+    """The arrays as the C loops read them: C-contiguous int64 (no copy when they are)."""
+    import numpy as np
+    return [np.ascontiguousarray(x, dtype=np.int64) for x in arrays]
+
+
 def needs_grad(program):
     """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter
     (or, with ``program.input_grads``, an input)."""
@@ -369,13 +387,18 @@ def needs_grad(program):
     if program._ops is None and program.arrays is not None:
         # the scalar ops from the arrays, the lifted ones between them (no Op objects)
         arrays, n = program.arrays, program.n_grad_ops
-        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+        native = _native_loops(len(arrays.out))
+        out, a, b = arrays.out, arrays.a, arrays.either()
+        out, a, b = _int64s(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
         done = 0
         for rank, (position, op) in enumerate([*[(i, op) for i, op in program.lifted if i < n], (n, None)]):
             upto = position - rank        # the scalar ops before this one
-            for o, x, y in zip(out[done:upto], a[done:upto], b[done:upto]):
-                if flags[x] or flags[y]:
-                    flags[o] = 1
+            if native is not None:
+                native.mark_readers(flags, out, a, b, done, upto)
+            else:
+                for o, x, y in zip(out[done:upto], a[done:upto], b[done:upto]):
+                    if flags[x] or flags[y]:
+                        flags[o] = 1
             done = upto
             if op is not None and any(map(flags.__getitem__, op.reads)):
                 for o in op.writes:
@@ -423,6 +446,9 @@ def prefixes_hold(program):
         # one mark array serves every position: a position's ops only read
         # slots written before it, so earlier positions' marks never reach it
         live = bytearray(program.n_slots)
+        native = _native_loops(len(arrays.out))
+        if native is not None:
+            return native.cones_hold(live, *_int64s(arrays.out, arrays.a, arrays.either(), cuts))
         out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
         start = 0
         for cut in cuts:

@@ -240,3 +240,76 @@ def test_leaves_ok_refuses_what_check_leaves_refuses(walker):
     assert not walker.leaves_ok(Value, Constant, [x, x + w])
     w._data = 1
     assert not walker.leaves_ok(Value, Constant, [x, w])
+
+
+def sequence_program(seed, positions=6):
+    """A traced sequence: each position's loss reads a random mix of that
+    position's inputs and a state carried from the position before."""
+    rng = random.Random(seed)
+    xs = [Value(rng.uniform(-1, 1)) for _ in range(positions)]
+    ws = [Value(rng.uniform(-1, 1)) for _ in range(3)]
+    h, losses = Value(0.0), []
+    for x in xs:
+        pool = [h, x, *ws]
+        for _ in range(rng.randint(2, 12)):
+            a, b = rng.choice(pool), rng.choice(pool)
+            pool.append(rng.choice([a + b, a * b, (a - b).tanh(), a.relu() + b]))
+        h = pool[-1]
+        losses.append(h * h)
+    program, _, _ = trace_graph(losses, xs, ws, native=False)
+    return program
+
+
+def both_loops(monkeypatch, walker, analysis, program):
+    """``analysis(program)`` with its loops in C, then in Python."""
+    monkeypatch.setattr(walk, 'NATIVE_MIN_OPS', 0)
+    in_c = analysis(program)
+    monkeypatch.setenv('MICROGRAD_NATIVE_WALK', '0')
+    in_python = analysis(program)
+    monkeypatch.undo()
+    return in_c, in_python
+
+
+def rewired_program(seed):
+    """``sequence_program(seed)``, for odd seeds with a few operands read from
+    other earlier slots: some positions then stop holding."""
+    rng = random.Random(seed)
+    program = sequence_program(seed)
+    arrays = program.arrays
+    for _ in range(seed % 2 * rng.randint(1, 3)):
+        i = rng.randrange(len(arrays.out))
+        arrays.a[i] = rng.randrange(int(arrays.out[i]))
+    return program
+
+
+@pytest.mark.parametrize('seed', range(40))
+def test_the_passes_loops_in_c_give_the_python_loops_answers(monkeypatch, walker, seed):
+    from compiler.ir import needs_grad, prefixes_hold
+    program = rewired_program(seed)
+    in_c, in_python = both_loops(monkeypatch, walker, prefixes_hold, program)
+    assert in_c == in_python
+    assert in_c or seed % 2
+    program.input_grads = bool(seed % 3)
+    in_c, in_python = both_loops(monkeypatch, walker, needs_grad, program)
+    assert in_c == in_python and any(in_c[program.n_leaves:])
+
+
+def test_the_passes_loops_in_c_answer_both_ways_and_refuse_stray_slots(walker):
+    from compiler.ir import prefix_cuts
+    held = set()
+    for seed in range(40):
+        program = rewired_program(seed)
+        arrays, cuts = program.arrays, np.array(prefix_cuts(program), dtype=np.int64)
+        held.add(walker.cones_hold(bytearray(program.n_slots), arrays.out, arrays.a, arrays.either(), cuts))
+    assert held == {True, False}
+    out, a = np.array([3, 4], dtype=np.int64), np.array([0, 9], dtype=np.int64)
+    with pytest.raises(ValueError, match='out of range'):
+        walker.mark_readers(bytearray(5), out, a, a, 0, 2)
+    with pytest.raises(ValueError, match='out of range'):
+        walker.mark_readers(bytearray(10), out, a, a, 0, 3)
+    with pytest.raises(ValueError, match='out of range'):
+        walker.cones_hold(bytearray(5), out, a, a, np.array([1], dtype=np.int64))
+    with pytest.raises(ValueError, match='one length'):
+        walker.mark_readers(bytearray(10), out, a[:1], a, 0, 1)
+    with pytest.raises(BufferError):
+        walker.mark_readers(b'\0' * 10, out, a, a, 0, 2)      # flags must be writable

@@ -28,6 +28,11 @@
  * wants it, none listed twice (False: that function looks, and says what is
  * wrong).
  *
+ *     mark_readers(flags, out, a, b, start, stop) -> None
+ *     cones_hold(live, out, a, b, cuts) -> bool
+ *
+ * are two loops of the passes over the program's arrays (see below).
+ *
  * It reads only the happy path: Values of exactly ``value_type`` or
  * ``constant_type`` (their ``__slots__`` read at their offsets), a tuple
  * ``_prev``, a str ``_op`` of ``op_codes`` of the right arity, a float
@@ -568,6 +573,131 @@ leaves_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok);
 }
 
+/* -- loops of the passes over the program's arrays ------------------------
+ *
+ * Two loops the passes run over every scalar op of a large program, here
+ * because Python spends about 0.1 us an op on them (compiler/ir.py holds
+ * their Python twins, which run for small programs and without C). Their
+ * arrays arrive as buffers: ``flags`` / ``live`` one byte a slot, writable;
+ * ``out``, ``a``, ``b`` and ``cuts`` int64, C-contiguous. A slot outside
+ * ``flags`` or an index outside the ops is a ValueError, never a stray write. */
+
+typedef struct {
+    Py_buffer view[5];
+    int held;
+} Buffers;
+
+static void
+buffers_release(Buffers *b)
+{
+    for (int i = 0; i < b->held; i++)
+        PyBuffer_Release(&b->view[i]);
+    b->held = 0;
+}
+
+/* Holds args[0] as writable bytes and args[1..n-1] as int64 arrays of the
+   same length as args[1] (the last one's length is its own when
+   ``last_free``). 0, or -1 with an exception set and nothing held. */
+static int
+buffers_get(Buffers *b, PyObject *const *args, int n, int last_free)
+{
+    b->held = 0;
+    for (int i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(args[i], &b->view[i], i == 0 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+            buffers_release(b);
+            return -1;
+        }
+        b->held++;
+        Py_ssize_t len = b->view[i].len;
+        if (i > 0 && (len % 8 != 0 || (!(last_free && i == n - 1) && len != b->view[1].len))) {
+            buffers_release(b);
+            PyErr_SetString(PyExc_ValueError, "the op arrays must be int64 arrays of one length");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* mark_readers(flags, out, a, b, start, stop) -> None: for each op i of
+   [start, stop), in order, flags[out[i]] = 1 when flags[a[i]] or flags[b[i]]
+   (``ir.needs_grad``'s loop; b holds a unary op's a). */
+static PyObject *
+mark_readers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mark_readers(flags, out, a, b, start, stop)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[4]), stop = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Buffers b;
+    if (buffers_get(&b, args, 4, 0) < 0)
+        return NULL;
+    unsigned char *flags = b.view[0].buf;
+    const int64_t *out = b.view[1].buf, *x = b.view[2].buf, *y = b.view[3].buf;
+    int64_t n_slots = (int64_t)b.view[0].len, n_ops = (int64_t)(b.view[1].len / 8);
+    int ok = 0 <= start && start <= stop && stop <= n_ops;
+    for (Py_ssize_t i = start; ok && i < stop; i++) {
+        int64_t o = out[i], s = x[i], t = y[i];
+        ok = (uint64_t)o < (uint64_t)n_slots && (uint64_t)s < (uint64_t)n_slots && (uint64_t)t < (uint64_t)n_slots;
+        if (ok && (flags[s] | flags[t]))
+            flags[o] = 1;
+    }
+    buffers_release(&b);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "mark_readers: an op index or a slot out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* cones_hold(live, out, a, b, cuts) -> bool: whether each position's ops
+   (after the previous cut, up to and including its own) all lie in the cone
+   of the op at its cut, walking back from the cut and marking what each
+   live op reads (``ir.prefixes_hold``'s loop; ``live`` starts all zero). */
+static PyObject *
+cones_hold(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "cones_hold(live, out, a, b, cuts)");
+        return NULL;
+    }
+    Buffers b;
+    if (buffers_get(&b, args, 5, 1) < 0)
+        return NULL;
+    unsigned char *live = b.view[0].buf;
+    const int64_t *out = b.view[1].buf, *x = b.view[2].buf, *y = b.view[3].buf, *cuts = b.view[4].buf;
+    int64_t n_slots = (int64_t)b.view[0].len, n_ops = (int64_t)(b.view[1].len / 8);
+    int64_t n_cuts = (int64_t)(b.view[4].len / 8), start = 0;
+    int bad = 0, holds = 1;
+    for (int64_t c = 0; c < n_cuts && holds && !bad; c++) {
+        int64_t cut = cuts[c];
+        bad = cut < start || cut >= n_ops;
+        for (int64_t i = cut; !bad && holds && i >= start; i--) {
+            int64_t o = out[i], s = x[i], t = y[i];
+            bad = (uint64_t)o >= (uint64_t)n_slots || (uint64_t)s >= (uint64_t)n_slots
+                  || (uint64_t)t >= (uint64_t)n_slots;
+            if (bad)
+                break;
+            if (i == cut)
+                live[o] = 1;
+            holds = live[o];
+            live[s] = 1;
+            live[t] = 1;
+        }
+        start = cut + 1;
+    }
+    buffers_release(&b);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "cones_hold: a cut or a slot out of range");
+        return NULL;
+    }
+    return PyBool_FromLong(holds);
+}
+
 PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
              "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
              "or None where the Python walk must read the graph.");
@@ -575,6 +705,8 @@ PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs,
 static PyMethodDef walk_methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, walk_doc},
     {"leaves_ok", (PyCFunction)(void (*)(void))leaves_ok, METH_FASTCALL, NULL},
+    {"mark_readers", (PyCFunction)(void (*)(void))mark_readers, METH_FASTCALL, NULL},
+    {"cones_hold", (PyCFunction)(void (*)(void))cones_hold, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
