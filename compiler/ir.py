@@ -8,7 +8,7 @@ from slots written earlier. The first ``n_grad_ops`` ops are the loss's cone,
 the ones ``backward`` walks; the rest compute extra ``outputs`` only.
 
 This module says *what* is computed and imports nothing of the compiler's
-other stages: how an op becomes C is ``compiler/codegen``'s business. (Two
+other stages: how an op becomes C is ``compiler/codegen``'s business. (Three
 analyses run their loops over a large program's arrays in the tracer's C
 module, ``compiler/walk.py``, when it is there: ``_native_loops``.)
 
@@ -360,8 +360,9 @@ def graph_hash(program):
 
 
 def _native_loops(n_ops):
-    """The C module with ``mark_readers`` and ``cones_hold`` (the loops of
-    ``needs_grad`` and ``prefixes_hold``, same results), for programs large
+    """The C module with ``mark_readers``, ``cones_hold`` and
+    ``mark_operands`` (the loops of ``needs_grad``, ``prefixes_hold`` and
+    ``_live``, same results), for programs large
     enough that the tracer loads it anyway; None: loop in Python."""
     from compiler import walk
     if n_ops < walk.NATIVE_MIN_OPS:
@@ -493,23 +494,28 @@ def _live(program, roots):
     if program._ops is None and program.arrays is not None:
         # the scalar ops from the arrays, the lifted ones between them (no Op objects)
         arrays = program.arrays
-        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+        native = _native_loops(len(arrays.out))
+        out, a, b = arrays.out, arrays.a, arrays.either()
+        out, a, b = _int64s(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
+
+        def mark(start, stop):        # the scalar ops [start, stop), last to first
+            if native is not None:
+                native.mark_operands(live, out, a, b, start, stop)
+                return
+            for o, x, y in zip(reversed(out[start:stop]), reversed(a[start:stop]), reversed(b[start:stop])):
+                if live[o]:
+                    live[x] = 1
+                    live[y] = 1
         done, lifted = len(out), list(program.lifted)
         for rank in reversed(range(len(lifted))):
             position, op = lifted[rank]
             start = position - rank       # the scalar ops after this one: [start, done)
-            for o, x, y in zip(reversed(out[start:done]), reversed(a[start:done]), reversed(b[start:done])):
-                if live[o]:
-                    live[x] = 1
-                    live[y] = 1
+            mark(start, done)
             done = start
             if any(live[o] for o in op.writes):
                 for x in op.reads:
                     live[x] = 1
-        for o, x, y in zip(reversed(out[:done]), reversed(a[:done]), reversed(b[:done])):
-            if live[o]:
-                live[x] = 1
-                live[y] = 1
+        mark(0, done)
         return live
     for op in reversed(program.ops):
         if type(op) is Op:          # most of them: no tuple of writes to build

@@ -284,7 +284,7 @@ def rewired_program(seed):
 
 @pytest.mark.parametrize('seed', range(40))
 def test_the_passes_loops_in_c_give_the_python_loops_answers(monkeypatch, walker, seed):
-    from compiler.ir import needs_grad, prefixes_hold
+    from compiler.ir import features, inputs_used, needs_grad, prefixes_hold
     program = rewired_program(seed)
     in_c, in_python = both_loops(monkeypatch, walker, prefixes_hold, program)
     assert in_c == in_python
@@ -292,16 +292,25 @@ def test_the_passes_loops_in_c_give_the_python_loops_answers(monkeypatch, walker
     program.input_grads = bool(seed % 3)
     in_c, in_python = both_loops(monkeypatch, walker, needs_grad, program)
     assert in_c == in_python and any(in_c[program.n_leaves:])
+    program.outputs = tuple(random.Random(seed).sample(range(program.n_leaves, program.n_slots), 2))
+    for analysis in (inputs_used, features):
+        in_c, in_python = both_loops(monkeypatch, walker, analysis, program)
+        assert in_c == in_python
 
 
 def test_the_passes_loops_in_c_answer_both_ways_and_refuse_stray_slots(walker):
     from compiler.ir import prefix_cuts
-    held = set()
+    held, reach = set(), set()
     for seed in range(40):
         program = rewired_program(seed)
         arrays, cuts = program.arrays, np.array(prefix_cuts(program), dtype=np.int64)
         held.add(walker.cones_hold(bytearray(program.n_slots), arrays.out, arrays.a, arrays.either(), cuts))
+        live = bytearray(program.n_slots)
+        live[int(arrays.out[len(arrays.out) // 2])] = 1         # what an op halfway reads: some inputs only
+        walker.mark_operands(live, arrays.out, arrays.a, arrays.either(), 0, len(arrays.out))
+        reach.add(sum(live[:program.n_inputs]) / program.n_inputs)
     assert held == {True, False}
+    assert len(reach) > 2       # some inputs, not always the same share
     out, a = np.array([3, 4], dtype=np.int64), np.array([0, 9], dtype=np.int64)
     with pytest.raises(ValueError, match='out of range'):
         walker.mark_readers(bytearray(5), out, a, a, 0, 2)

@@ -30,8 +30,9 @@
  *
  *     mark_readers(flags, out, a, b, start, stop) -> None
  *     cones_hold(live, out, a, b, cuts) -> bool
+ *     mark_operands(live, out, a, b, start, stop) -> None
  *
- * are two loops of the passes over the program's arrays (see below).
+ * are three loops of the passes over the program's arrays (see below).
  *
  * It reads only the happy path: Values of exactly ``value_type`` or
  * ``constant_type`` (their ``__slots__`` read at their offsets), a tuple
@@ -575,7 +576,7 @@ leaves_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- loops of the passes over the program's arrays ------------------------
  *
- * Two loops the passes run over every scalar op of a large program, here
+ * Three loops the passes run over every scalar op of a large program, here
  * because Python spends about 0.1 us an op on them (compiler/ir.py holds
  * their Python twins, which run for small programs and without C). Their
  * arrays arrive as buffers: ``flags`` / ``live`` one byte a slot, writable;
@@ -653,6 +654,43 @@ mark_readers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* mark_operands(live, out, a, b, start, stop) -> None: for each op i of
+   [start, stop), last to first, live[a[i]] = live[b[i]] = 1 when
+   live[out[i]] (``ir._live``'s loop). */
+static PyObject *
+mark_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mark_operands(live, out, a, b, start, stop)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[4]), stop = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Buffers b;
+    if (buffers_get(&b, args, 4, 0) < 0)
+        return NULL;
+    unsigned char *live = b.view[0].buf;
+    const int64_t *out = b.view[1].buf, *x = b.view[2].buf, *y = b.view[3].buf;
+    int64_t n_slots = (int64_t)b.view[0].len, n_ops = (int64_t)(b.view[1].len / 8);
+    int ok = 0 <= start && start <= stop && stop <= n_ops;
+    for (Py_ssize_t i = stop - 1; ok && i >= start; i--) {
+        int64_t o = out[i], s = x[i], t = y[i];
+        ok = (uint64_t)o < (uint64_t)n_slots && (uint64_t)s < (uint64_t)n_slots && (uint64_t)t < (uint64_t)n_slots;
+        if (ok && live[o]) {
+            live[s] = 1;
+            live[t] = 1;
+        }
+    }
+    buffers_release(&b);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "mark_operands: an op index or a slot out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* cones_hold(live, out, a, b, cuts) -> bool: whether each position's ops
    (after the previous cut, up to and including its own) all lie in the cone
    of the op at its cut, walking back from the cut and marking what each
@@ -707,6 +745,7 @@ static PyMethodDef walk_methods[] = {
     {"leaves_ok", (PyCFunction)(void (*)(void))leaves_ok, METH_FASTCALL, NULL},
     {"mark_readers", (PyCFunction)(void (*)(void))mark_readers, METH_FASTCALL, NULL},
     {"cones_hold", (PyCFunction)(void (*)(void))cones_hold, METH_FASTCALL, NULL},
+    {"mark_operands", (PyCFunction)(void (*)(void))mark_operands, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
