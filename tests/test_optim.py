@@ -14,11 +14,11 @@ pytestmark = needs_cc
 N = 7
 
 
-def gradient_feeder(optimizer, cc=FAST_CC, p0=None):
-    """A model whose parameter gradients are its inputs: loss = sum g_i p_i,
-    so d loss / d p_i = g_i exactly. Returns (model, step(g, lr))."""
-    g = [Value(0.0) for _ in range(N)]
-    p = [Value(v) for v in (p0 if p0 is not None else np.linspace(-1.5, 2.0, N))]
+def gradient_feeder(optimizer, cc=FAST_CC, p0=None, n=N):
+    """A model of ``n`` parameters whose gradients are its inputs: loss =
+    sum g_i p_i, so d loss / d p_i = g_i exactly. Returns (model, step(g, lr))."""
+    g = [Value(0.0) for _ in range(n)]
+    p = [Value(v) for v in (p0 if p0 is not None else np.linspace(-1.5, 2.0, n))]
     loss = sum(gi * pi for gi, pi in zip(g, p))
     m = compiler.compile(loss, g, p, cc=cc, optimizer=optimizer)
 
@@ -40,9 +40,9 @@ OPTIMIZERS = [
 ]
 
 
-def gradients(steps, seed=0):
+def gradients(steps, seed=0, n=N):
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(N) * 10.0 ** rng.integers(-3, 3) for _ in range(steps)]
+    return [rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3) for _ in range(steps)]
 
 
 @pytest.mark.parametrize('cc', COMPILERS)
@@ -59,6 +59,30 @@ def test_each_step_is_the_reference_formula_bit_for_bit(opt, cc):
     got = m.optimizer_state()
     assert got[0] == state[0] == 30.0
     assert got[1:].tolist() == [x for vec in state[1:] for x in vec]
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_adams_vector_steps_stay_the_formula_when_its_bias_corrections_reach_one(cc):
+    # with b1 = 0.5 and b2 = 0.6, 1 - b^t is exactly 1.0 from step 54 and 74:
+    # the vector loops then leave out those divisions, on single steps
+    # (divisor 1) and on batches (the mean gradient), over 37 parameters
+    # (vectors of 8, 4 or 2, and a tail)
+    n, opt = 37, compiler.Adam(0.01, betas=(0.5, 0.6), weight_decay=0.01)
+    assert 1.0 - 0.5 ** 53 != 1.0 == 1.0 - 0.5 ** 54 and 1.0 - 0.6 ** 73 != 1.0 == 1.0 - 0.6 ** 74
+    m, step = gradient_feeder(opt, cc, n=n)
+    p = m.params().tolist()
+    state = [0.0, [0.0] * n, [0.0] * n]
+    for k in range(90):
+        if k % 3:
+            g = gradients(1, seed=k, n=n)[0]
+            step(g)
+        else:
+            X = np.array(gradients(3, seed=k, n=n))
+            m.train_batch(X)
+            g = [sum(X[r, j] for r in range(3)) / 3 for j in range(n)]
+        opt.reference_step(p, list(g), state)
+        assert m.params().tolist() == p, k
+    assert m.optimizer_state()[1:].tolist() == state[1] + state[2]
 
 
 @pytest.mark.torch
