@@ -619,15 +619,15 @@ buffers_get(Buffers *b, PyObject *const *args, int n, int last_free)
     return 0;
 }
 
-/* mark_readers(flags, out, a, b, start, stop) -> None: for each op i of
-   [start, stop), in order, flags[out[i]] = 1 when flags[a[i]] or flags[b[i]]
-   (``ir.needs_grad``'s loop; b holds a unary op's a). */
+/* The loop of mark_readers (forward: flags[out[i]] = 1 when flags[a[i]] or
+   flags[b[i]]) or of mark_operands (backward: marks a[i] and b[i] when
+   out[i] is marked) over the ops [start, stop) of args (marks, out, a, b,
+   start, stop). */
 static PyObject *
-mark_readers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+mark_loop(PyObject *const *args, Py_ssize_t nargs, const char *name, int forward)
 {
-    (void)module;
     if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "mark_readers(flags, out, a, b, start, stop)");
+        PyErr_Format(PyExc_TypeError, "%s(marks, out, a, b, start, stop)", name);
         return NULL;
     }
     Py_ssize_t start = PyLong_AsSsize_t(args[4]), stop = PyLong_AsSsize_t(args[5]);
@@ -636,22 +636,37 @@ mark_readers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Buffers b;
     if (buffers_get(&b, args, 4, 0) < 0)
         return NULL;
-    unsigned char *flags = b.view[0].buf;
+    unsigned char *mark = b.view[0].buf;
     const int64_t *out = b.view[1].buf, *x = b.view[2].buf, *y = b.view[3].buf;
     int64_t n_slots = (int64_t)b.view[0].len, n_ops = (int64_t)(b.view[1].len / 8);
     int ok = 0 <= start && start <= stop && stop <= n_ops;
-    for (Py_ssize_t i = start; ok && i < stop; i++) {
+    for (Py_ssize_t n = 0; ok && n < stop - start; n++) {
+        Py_ssize_t i = forward ? start + n : stop - 1 - n;
         int64_t o = out[i], s = x[i], t = y[i];
         ok = (uint64_t)o < (uint64_t)n_slots && (uint64_t)s < (uint64_t)n_slots && (uint64_t)t < (uint64_t)n_slots;
-        if (ok && (flags[s] | flags[t]))
-            flags[o] = 1;
+        if (!ok)
+            break;
+        if (forward && (mark[s] | mark[t]))
+            mark[o] = 1;
+        else if (!forward && mark[o])
+            mark[s] = mark[t] = 1;
     }
     buffers_release(&b);
     if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "mark_readers: an op index or a slot out of range");
+        PyErr_Format(PyExc_ValueError, "%s: an op index or a slot out of range", name);
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* mark_readers(flags, out, a, b, start, stop) -> None: for each op i of
+   [start, stop), in order, flags[out[i]] = 1 when flags[a[i]] or flags[b[i]]
+   (``ir.needs_grad``'s loop; b holds a unary op's a). */
+static PyObject *
+mark_readers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return mark_loop(args, nargs, "mark_readers", 1);
 }
 
 /* mark_operands(live, out, a, b, start, stop) -> None: for each op i of
@@ -661,34 +676,7 @@ static PyObject *
 mark_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "mark_operands(live, out, a, b, start, stop)");
-        return NULL;
-    }
-    Py_ssize_t start = PyLong_AsSsize_t(args[4]), stop = PyLong_AsSsize_t(args[5]);
-    if (PyErr_Occurred())
-        return NULL;
-    Buffers b;
-    if (buffers_get(&b, args, 4, 0) < 0)
-        return NULL;
-    unsigned char *live = b.view[0].buf;
-    const int64_t *out = b.view[1].buf, *x = b.view[2].buf, *y = b.view[3].buf;
-    int64_t n_slots = (int64_t)b.view[0].len, n_ops = (int64_t)(b.view[1].len / 8);
-    int ok = 0 <= start && start <= stop && stop <= n_ops;
-    for (Py_ssize_t i = stop - 1; ok && i >= start; i--) {
-        int64_t o = out[i], s = x[i], t = y[i];
-        ok = (uint64_t)o < (uint64_t)n_slots && (uint64_t)s < (uint64_t)n_slots && (uint64_t)t < (uint64_t)n_slots;
-        if (ok && live[o]) {
-            live[s] = 1;
-            live[t] = 1;
-        }
-    }
-    buffers_release(&b);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "mark_operands: an op index or a slot out of range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return mark_loop(args, nargs, "mark_operands", 0);
 }
 
 /* cones_hold(live, out, a, b, cuts) -> bool: whether each position's ops
