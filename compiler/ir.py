@@ -10,7 +10,7 @@ the ones ``backward`` walks; the rest compute extra ``outputs`` only.
 This module says *what* is computed and imports nothing of the compiler's
 other stages: how an op becomes C is ``compiler/codegen``'s business. (Three
 analyses run their loops over a large program's arrays in the tracer's C
-module, ``compiler/walk.py``, when it is there: ``_native_loops``.)
+module when ``compiler.trace`` has installed it: ``use_native_loops``.)
 
 Ops:
 - ``Op``: one scalar operation of the interpreter (``SCALAR_OPS`` lists them).
@@ -359,15 +359,23 @@ def graph_hash(program):
     return h.hexdigest()[:16]
 
 
+# Where the analyses' loops over a large program's arrays run in C: a
+# function of the number of ops giving the module with ``mark_readers``,
+# ``mark_operands`` and ``cones_hold`` (the loops of ``needs_grad``,
+# ``_live`` and ``prefixes_hold``, same results), or None for the Python
+# loops. compiler.trace installs ``walk.native_loops`` (the tracer's C module,
+# loaded anyway for programs that large); ir itself imports nothing.
+_native_loops_of = None
+
+
+def use_native_loops(provider):
+    """Run the analyses' loops in C where ``provider(n_ops)`` gives the module."""
+    global _native_loops_of
+    _native_loops_of = provider
+
+
 def _native_loops(n_ops):
-    """The C module with ``mark_readers``, ``cones_hold`` and
-    ``mark_operands`` (the loops of ``needs_grad``, ``prefixes_hold`` and
-    ``_live``, same results), for programs large
-    enough that the tracer loads it anyway; None: loop in Python."""
-    from compiler import walk
-    if n_ops < walk.NATIVE_MIN_OPS:
-        return None
-    return walk.native_walker()
+    return None if _native_loops_of is None else _native_loops_of(n_ops)
 
 
 def _int64s(*arrays):

@@ -6,7 +6,11 @@ import numpy as np
 
 from micrograd.engine import Constant, Value
 from compiler import walk as native_walk
-from compiler.ir import OP_CODES, POW, SCALAR_OPS, Program, ScalarArrays, graph_hash, prefixes_hold
+from compiler.ir import (OP_CODES, POW, SCALAR_OPS, Program, ScalarArrays, graph_hash, prefixes_hold,
+                         use_native_loops)
+
+# the analyses of large programs loop in the tracer's C module too (compiler/ir.py)
+use_native_loops(native_walk.native_loops)
 
 
 class TraceError(TypeError):

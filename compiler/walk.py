@@ -48,6 +48,13 @@ def native_walker():
         return _module
 
 
+def native_loops(n_ops):
+    """The C module for the loops of ``compiler.ir``'s analyses over a
+    program of ``n_ops`` ops: for programs as large as the C walk reads
+    (it is loaded anyway then), else None (their Python loops)."""
+    return native_walker() if n_ops >= NATIVE_MIN_OPS else None
+
+
 def problem():
     """Why the C walk is not used (None: it is, or it was not needed yet)."""
     if not native_enabled():
