@@ -222,28 +222,39 @@ def test_a_valid_state_round_trips_and_sgd_momentum_state_is_not_applied_to_plai
 
 
 
+# Past MIN_SPLIT_PARAMS (optimizer.c) the step runs on the threads and so do
+# the packs of the weights the loops read. MLP(200, [72, 40, 10]) (17,802
+# parameters) has one block of most of them: each part steps an even range,
+# then after a barrier packs every parts-th block. MLP(52, [52] * 6 + [10])
+# (17,020) has seven blocks, dealt at 2 and 3 threads: each part steps its
+# blocks and packs each right after, then its share of the other parameters.
+LARGE_MODELS = [(200, [72, 40, 10]), (52, [52] * 6 + [10])]
+
+
 @pytest.mark.parametrize('cc', COMPILERS)
 @pytest.mark.parametrize('threads', [1, 2, 3])
-def test_a_large_models_step_and_its_packed_weights_are_the_interpreters_on_any_thread_count(threads, cc):
-    """Past MIN_SPLIT_PARAMS (optimizer.c) the step runs on the threads and so
-    do the packs of the weights the loops read (each part packs every
-    parts-th): every weight's new value must reach the next forward."""
+@pytest.mark.parametrize('shape', LARGE_MODELS, ids=['one-block', 'blocks-dealt'])
+def test_a_large_models_step_and_its_packed_weights_are_the_interpreters_on_any_thread_count(shape, threads, cc):
+    """Every weight's new value must reach the next forward, from any split
+    of the step and the packs."""
     from micrograd.nn import MLP
     opt, targets = compiler.Adam(0.01), np.linspace(-1.0, 1.0, 10).tolist()
     rng = np.random.default_rng(5)
-    model = MLP(200, [72, 40, 10])             # 17,802 parameters, three weight blocks
+    n_in, sizes = shape
+    model = MLP(n_in, sizes)
     params = model.parameters()
+    assert len(params) >= 16384
     for p, v in zip(params, rng.standard_normal(len(params)) * 0.1):
         p.data = float(v)
 
     def loss_of(x):
         return sum((o - t) ** 2 for o, t in zip(model(x), targets))
-    x = [Value(0.0) for _ in range(200)]
+    x = [Value(0.0) for _ in range(n_in)]
     m = compiler.compile(loss_of(x), x, params, cc=cc, optimizer=opt, threads=threads)
-    assert m.summary().count('MatVec') == 3, m.summary()   # the packed weights' loops
+    assert m.summary().count('MatVec') == len(sizes), m.summary()   # the packed weights' loops
     state = [0.0] + [[0.0] * len(params) for _ in range(opt.state_vectors)]
     for k in range(4):
-        row = rng.standard_normal(200).tolist()
+        row = rng.standard_normal(n_in).tolist()
         for p in params:
             p.grad = 0.0
         want = loss_of([Value(v) for v in row])   # the interpreter, at this step's weights

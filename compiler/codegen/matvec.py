@@ -102,24 +102,27 @@ class MatVecRenderer:
         return self.layout.row_index(slot)
 
     def packs(self):
-        """The packed copies of the weights ``refresh_aux`` makes, each a
-        piece independent of the others: [(doubles it copies, C statement)].
-        A weight's forward panels also give its flag "every weight finite";
-        each input-gradient order of it has its own panels."""
-        lay, pieces = self.layout, []
+        """The packed copies of the weights ``refresh_aux`` makes, by weight
+        block: [(the block's place in p [lo, hi), doubles its packs copy,
+        their C statements)]. A block's packs read only p[lo:hi]. Its forward
+        panels also give its flag "every weight finite"; each input-gradient
+        order of it has its own panels."""
+        lay, blocks = self.layout, {}
         for wt0, wa in lay.weight_aux.items():
             op = next(o for o in self.ops if o.wt0 == wt0)
             RP = round_up(op.rows, PANEL)
-            pieces.append((op.rows * op.cols,
-                           f'aux[{wa.finite}] = mv_pack_fwd(p + {lay.weight_base[wt0]}, {op.rows}, {op.cols}, '
-                           f'{RP}, aux + {wa.panels});   /* W of {self.name[id(op)]}: {op.rows}x{op.cols} */'))
+            lo = lay.weight_base[wt0]
+            blocks[wt0] = [(lo, lo + op.cols * RP), op.rows * op.cols, [
+                f'aux[{wa.finite}] = mv_pack_fwd(p + {lo}, {op.rows}, {op.cols}, '
+                f'{RP}, aux + {wa.panels});   /* W of {self.name[id(op)]}: {op.rows}x{op.cols} */']]
         filled = {-1}
         for op in self.ops:
             at = lay.aux[id(op)].bgx
             if at not in filled:
                 filled.add(at)
-                pieces.append((op.rows * op.cols, self._pack_bgx(op, at)))
-        return pieces
+                blocks[op.wt0][1] += op.rows * op.cols
+                blocks[op.wt0][2].append(self._pack_bgx(op, at))
+        return [tuple(block) for block in blocks.values()]
 
     def refresh(self):
         """The rest of ``aux`` from p and the packs (``packs``): padded heads

@@ -224,6 +224,8 @@ def emit_module(program, optimizer=None, initial_params=None):
         ('WORK_PER_ROW', numbers['work_per_row'], 'about this many floating-point operations'),
         ('N_PARAM_RUNS', len(runs), 'rows of PARAM_RUNS'),
         ('N_ROW_INPUT_RUNS', len(row_inputs), 'rows of ROW_INPUT_RUNS'),
+        ('N_WEIGHT_BLOCKS', len(numbers['weight_spans']), 'rows of WEIGHT_SPANS'),
+        ('N_OTHER_SPANS', len(numbers['other_spans']), 'rows of OTHER_SPANS'),
         *_FIXED_DEFINES]
     if uses_matvec:
         defines.append(('HAVE_MATVEC', 1, 'MatVec ops: the loop kernels are built in'))
@@ -238,7 +240,9 @@ def emit_module(program, optimizer=None, initial_params=None):
               _table('int', 'OUTPUT_POSITION[]',
                      [str(n) for n in _output_positions(program, prog.cuts, layout.scalar_part)]),
               _table('int', 'FEATURES[]', [str(f) for f in feats]),
-              _table('int', 'ROW_INPUT_RUNS[][2]', [f'{{{k}, {n}}}' for k, n in row_inputs] or ['{0, 0}'])]
+              _table('int', 'ROW_INPUT_RUNS[][2]', [f'{{{k}, {n}}}' for k, n in row_inputs] or ['{0, 0}']),
+              *[_table('int', f'{name}[][2]', [f'{{{lo}, {hi}}}' for lo, hi in numbers[key]] or ['{0, 0}'])
+                for name, key in (('WEIGHT_SPANS', 'weight_spans'), ('OTHER_SPANS', 'other_spans'))]]
     if initial_params is not None:
         tables.append(_table('double', 'INITIAL_PARAMS[]', [c_double(x) for x in initial_params] or ['0.0']))
     tables_c = '/* ---- tables ---- */\n' + '\n'.join(tables)

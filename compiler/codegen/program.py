@@ -110,20 +110,30 @@ def _constants_blob(lay, constants):
         f'for (int i = 0; i < {n}; i++) p[at[i]] = value[i];']]
 
 
-def _refresh_packs(pieces):
-    """``refresh_packs``: the weights' packed copies (``MatVecs.packs``),
-    heaviest first, piece i on part i % parts, so that the parts of a pool
-    share them (``optimizer_step``) and one part makes them all."""
-    pieces = sorted(pieces, key=lambda piece: -piece[0])
-    out = ['/* the packed copies of the weights, heaviest first: each part of a pool takes every',
-           ' * parts-th (refresh_aux: all of them, then refresh_rest) */',
-           'static void\nrefresh_packs(const double *restrict p, double *restrict aux, int part, int parts)\n{']
-    if pieces:
-        out += [f'    for (int i = part; i < {len(pieces)}; i += parts) {{', '        switch (i) {']
-        out += [f'        case {i}: {statement} break;' for i, (_, statement) in enumerate(pieces)]
-        out += ['        }', '    }']
-    out += ['    (void)p; (void)aux; (void)part; (void)parts;\n}\n']
-    return out
+def _weight_packs(blocks, param_span):
+    """``pack_weights`` and the places ``optimizer.c`` deals a step's work
+    by (``WEIGHT_SPANS``, ``OTHER_SPANS``): each weight block's place in p
+    with its packs (``MatVecs.packs``), heaviest first, and the parameters
+    outside every block (with the padding between blocks), so that a thread
+    can step a block's parameters and pack them while they are in its
+    cache. Returns (C lines, weight spans, other spans)."""
+    blocks = sorted(blocks, key=lambda block: -block[1])
+    taken = sorted(span for span, _, _ in blocks)
+    assert all(a[1] <= b[0] for a, b in zip(taken, taken[1:])) and (not taken or taken[-1][1] <= param_span)
+    others, at = [], 0
+    for lo, hi in taken + [(param_span, param_span)]:
+        if at < lo:
+            others.append((at, lo))
+        at = hi
+    out = ['/* the packed copies of weight block i (WEIGHT_SPANS[i], heaviest first) from its part of p alone */',
+           'static void\npack_weights(const double *restrict p, double *restrict aux, int i)\n{']
+    if blocks:
+        out += ['    switch (i) {']
+        for i, (_, _, statements) in enumerate(blocks):
+            out += [f'    case {i}:'] + [f'        {statement}' for statement in statements] + ['        break;']
+        out += ['    }']
+    out += ['    (void)p; (void)aux; (void)i;\n}\n']
+    return out, [span for span, _, _ in blocks], others
 
 
 def _loss_of(layout, program):
@@ -474,7 +484,8 @@ class _Program:
         once = self._once()
         forward, backward = self.forward(), self.backward()
         out += self.functions.prototypes
-        out += _refresh_packs(self.matvecs.packs())
+        packs, weight_spans, other_spans = _weight_packs(self.matvecs.packs(), lay.param_span)
+        out += packs
         fixed, each = self.matvecs.refresh()
         out += ['', 'static void\ninit_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in fixed]
@@ -507,7 +518,8 @@ class _Program:
                        row_zero=lay.n_row if self.hoisted else lay.row_stride,
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes(),
                                                                 self.convs.scratch_bytes()),
-                       work_per_row=max(1, work), positions=len(self.cuts))
+                       work_per_row=max(1, work), positions=len(self.cuts),
+                       weight_spans=weight_spans, other_spans=other_spans)
         return '\n'.join(out), numbers
 
 

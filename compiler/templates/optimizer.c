@@ -128,7 +128,8 @@ optimizer_range(NNState *st, double lr, double divisor, double t, int j0, int j1
 static void
 refresh_aux(const double *restrict p, double *restrict aux)
 {
-    refresh_packs(p, aux, 0, 1);
+    for (int i = 0; i < N_WEIGHT_BLOCKS; i++)
+        pack_weights(p, aux, i);
     refresh_rest(p, aux);
 }
 
@@ -137,21 +138,87 @@ typedef struct {
     double lr, divisor, t;
 } OptimizerJob;
 
-/* A part's share of the step, then (once every part has stepped) its share
- * of the packs. */
+/* Steps the other parameters [from, upto) of OTHER_SPANS laid end to end. */
+static void
+step_other_share(const OptimizerJob *o, long from, long upto)
+{
+    long at = 0;
+    for (int i = 0; i < N_OTHER_SPANS && at < upto; i++) {
+        const long n = OTHER_SPANS[i][1] - OTHER_SPANS[i][0];
+        long lo = from > at ? from - at : 0, hi = upto - at < n ? upto - at : n;
+        if (lo < hi)
+            optimizer_range(o->st, o->lr, o->divisor, o->t, OTHER_SPANS[i][0] + (int)lo,
+                            OTHER_SPANS[i][0] + (int)hi);
+        at += n;
+    }
+}
+
+/* How a step's work is dealt when the blocks allow it: block i (heaviest
+ * first) to part i % parts, each part stepping its blocks' parameters and
+ * packing them while they are in its cache, and the other parameters to
+ * the parts in shares that even out the loads. 0 (deal by even ranges,
+ * then a barrier, then the packs) when a part's blocks alone would exceed
+ * its fair share by more than a quarter. Every part computes the same
+ * shares; `share` gets this part's [from, upto) of the other parameters. */
+static int
+blocks_dealt(int part, int parts, long share[2])
+{
+    long total_other = 0, below = 0, wanted_below = 0, wanted = 0, worst = 0;
+    for (int i = 0; i < N_OTHER_SPANS; i++)
+        total_other += OTHER_SPANS[i][1] - OTHER_SPANS[i][0];
+    const long total = N_PARAM_SPAN;
+    for (int q = 0; q < parts; q++) {
+        long load = 0;
+        for (int i = q; i < N_WEIGHT_BLOCKS; i += parts)
+            load += WEIGHT_SPANS[i][1] - WEIGHT_SPANS[i][0];
+        if (load > worst)
+            worst = load;
+        const long fair = total / parts, missing = load < fair ? fair - load : 0;
+        if (q < part)
+            wanted_below += missing;
+        if (q == part)
+            wanted = missing;
+        below += missing;
+    }
+    if (4 * worst > 5 * (total / parts))
+        return 0;
+    if (below == 0) {       /* every part has its fair share: the rounding's few to the last */
+        share[0] = part == parts - 1 ? 0 : total_other;
+        share[1] = total_other;
+        return 1;
+    }
+    /* this part's share of the other parameters: its part of what the parts miss */
+    share[0] = part == 0 ? 0 : (long)((double)total_other * wanted_below / below) & ~7L;
+    share[1] = part == parts - 1 ? total_other
+                                 : (long)((double)total_other * (wanted_below + wanted) / below) & ~7L;
+    return 1;
+}
+
+/* A part's share of the step and of the packs (see blocks_dealt). */
 static void
 optimizer_job(void *ctx, int part, int parts)
 {
     const OptimizerJob *o = (const OptimizerJob *)ctx;
+    NNState *st = o->st;
+    long share[2];
+    if (blocks_dealt(part, parts, share)) {
+        for (int i = part; i < N_WEIGHT_BLOCKS; i += parts) {
+            optimizer_range(st, o->lr, o->divisor, o->t, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]);
+            pack_weights(st->p, st->aux, i);
+        }
+        step_other_share(o, share[0], share[1]);
+        return;
+    }
     /* 8-parameter pieces, so that vectors stay whole and aligned */
     const int pieces = (N_PARAM_SPAN + 7) / 8;
     const int j0 = 8 * (int)((long long)pieces * part / parts);
     int j1 = 8 * (int)((long long)pieces * (part + 1) / parts);
     if (j1 > N_PARAM_SPAN)
         j1 = N_PARAM_SPAN;
-    optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
-    pool_barrier(&o->st->pool, parts);
-    refresh_packs(o->st->p, o->st->aux, part, parts);
+    optimizer_range(st, o->lr, o->divisor, o->t, j0, j1);
+    pool_barrier(&st->pool, parts);
+    for (int i = part; i < N_WEIGHT_BLOCKS; i += parts)
+        pack_weights(st->p, st->aux, i);
 }
 
 /* Below this many parameters, waking the helpers costs more than they save. */

@@ -28,8 +28,8 @@ typedef struct {
 static void init_constants(double *restrict p);
 /* what aux holds from the constants alone: once, after init_constants */
 static void init_aux(const double *restrict p, double *restrict aux);
-/* the packed copies of the weights in aux: this part's share of them (of `parts`) */
-static void refresh_packs(const double *restrict p, double *restrict aux, int part, int parts);
+/* the packed copies of weight block i (of N_WEIGHT_BLOCKS) in aux, from its part of p alone */
+static void pack_weights(const double *restrict p, double *restrict aux, int i);
 /* the rest of aux, from p and the packs: padded heads, flags, what is computed once */
 static void refresh_rest(const double *restrict p, double *restrict aux);
 /* the values computed once per change of p (by refresh_rest, compiler/invariant.py) into a row */
@@ -42,6 +42,11 @@ static void param_grads(const Block *b, int rows, int part, int parts, void *scr
 /* Where each parameter (in the user's order) is in p: runs of
  * {count, user start, user step, p start, p step}. */
 HIDDEN extern const int PARAM_RUNS[N_PARAM_RUNS][5];
+/* Where the weight blocks are in p, heaviest first: {start, end} (pack_weights
+ * reads block i from WEIGHT_SPANS[i] alone); then where the other parameters
+ * (and the padding between blocks) are. Together they tile p[0:N_PARAM_SPAN]. */
+HIDDEN extern const int WEIGHT_SPANS[][2];
+HIDDEN extern const int OTHER_SPANS[][2];
 /* Where each output is: >= 0 an index in the row, < 0 -(index in p) - 1. */
 HIDDEN extern const int OUTPUT_AT[];
 /* The position of a sequence from which each output is computed (0: always):

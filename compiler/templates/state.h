@@ -89,7 +89,7 @@ typedef struct NNState {
 /* optimizer.c: one step on the gradients / divisor, on T threads, then the
  * packed copies of the new weights */
 static void optimizer_step(NNState *st, double lr, double divisor, int T);
-/* aux from p (refresh_packs, then refresh_rest) */
+/* aux from p (pack_weights for every block, then refresh_rest) */
 static void refresh_aux(const double *restrict p, double *restrict aux);
 
 /* batch.c */
