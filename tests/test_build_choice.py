@@ -121,6 +121,48 @@ def test_straight_line_parts_at_their_own_level_are_exact_and_named(monkeypatch,
     assert m1.build.flags[0] == '-O2'
 
 
+@needs_clang
+def test_the_loop_kernels_unit_is_optimised_fully_whatever_level_the_size_chose(monkeypatch, tmp_path):
+    """The loop kernels' unit is the same text for every program: at clang
+    -O2 even where the program's size chose -O1 for the rest (its object is
+    then the one the ahead build makes), unless a level is asked for."""
+    from compiler.build.flags import default_flags
+    from compiler.codegen import kernels_unit
+    from compiler.codegen.module import Source
+    monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))
+    monkeypatch.setattr(choosing, 'COMPILE_BUDGET', 1e-9)     # -O1, the straight-line parts -O0
+    monkeypatch.setattr(choosing, 'COMPILE_SECONDS', {**COMPILE_SECONDS, ('clang', '-O0'): 0.0})
+    def graph(inputs, params):          # two layers (MatVecs: the kernels unit), a scalar tail
+        weights = iter(params)
+
+        def layer(xs, n, relu):
+            acts = [sum((next(weights) * x for x in xs), next(weights)) for _ in range(n)]
+            return [a.relu() for a in acts] if relu else acts
+        nodes = layer(layer(inputs, 8, True), 3, False)
+        outputs = list(nodes)
+        for k in range(300):
+            nodes.append((nodes[-1] * 0.5 + nodes[-1 - k % 3]).tanh())
+        return sum(nodes[-5:]), outputs
+    samples = [[math.cos(k + i) for i in range(12)] for k in range(3)]
+    weights = [math.sin(3 * j) * 0.4 for j in range(8 * 13 + 3 * 9)]
+    m = assert_matches_interpreter(graph, samples, weights, 'clang')
+    tc, units = m.build.toolchain, dict(m.source.parts)
+    assert 'kernels' in units and 'MatVec' in m.summary()
+    assert m.build.flags[0] == '-O1' and m.build.kernel_flags == default_flags(tc, '-O2')
+    assert '(loop kernels -O2)' in m.build.flags_text()
+    for name, text in units.items():
+        flags = (m.build.kernel_flags if name == 'kernels' else
+                 m.build.straight_flags if name in m.source.straight else m.build.flags)
+        assert (tmp_path / (cache.build_key(text, tc, ['-c', *flags]) + '.o')).exists(), name
+    # the ahead build's request (no program yet: the fastest level) names the same object
+    name, text = kernels_unit()
+    ahead = plan(Source('', [('module', ''), (name, text)]), cc='clang')
+    assert ahead.unit_key(name, text) == plan(m.source, cc='clang').unit_key(name, text)
+    # a level asked for is every part's
+    asked = plan(m.source, cc='clang', opt='-O1')
+    assert asked.kernel_flags is None and asked.unit('kernels')[1][0] == '-O1'
+
+
 @pytest.mark.skipif(not (HAVE['clang'] and HAVE['tcc']), reason="needs clang and tcc")
 def test_straight_line_parts_built_by_tcc_link_into_clangs_module_exactly(monkeypatch, tmp_path):
     monkeypatch.setenv('MICROGRAD_CACHE_DIR', str(tmp_path))

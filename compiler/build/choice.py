@@ -38,6 +38,10 @@ DEFAULT_BUILDS = (('clang', '-O2', None), ('gcc', '-O3', None), ('clang', '-O1',
                   ('tcc', None, None))
 
 
+# The level of the loop kernels' unit when no level is asked for (choice.plan).
+KERNELS_LEVEL = {'clang': '-O2', 'gcc': '-O3'}
+
+
 def compile_estimate(family, opt, statements, parts=1):
     """Seconds a build of ``statements`` straight-line statements in
     ``parts`` translation units may take (the parts build in parallel);
@@ -121,7 +125,7 @@ def plan(source, cc=None, opt=None, flags=None, native=False, timeout=DEFAULT_TI
         choice = Choice(cc, opt)
     else:
         choice = choose_build(cc, opt, statements, parts)
-    toolchain, straight_flags = choice.toolchain, None
+    toolchain, straight_flags, kernel_flags = choice.toolchain, None, None
     if flags is not None:
         flags = check_flags(flags)
     else:
@@ -130,10 +134,15 @@ def plan(source, cc=None, opt=None, flags=None, native=False, timeout=DEFAULT_TI
             straight_flags = default_flags(choice.straight_toolchain)
         elif choice.straight_opt:
             straight_flags = default_flags(toolchain, choice.straight_opt, native)
+        if opt is None and toolchain.family in KERNELS_LEVEL:
+            # the loop kernels' unit is the same fixed text for every program: at
+            # the family's best level always (its object is one cache entry, built
+            # ahead while the front end runs), whatever the size chose for the rest
+            kernel_flags = default_flags(toolchain, KERNELS_LEVEL[toolchain.family], native)
     # the scalar code's form was chosen with the C (compiler/codegen/table.py: an
     # op table above TABLE_MIN_OPS scalar ops); the build carries it to report it
     return BuildRequest.of(source, toolchain, flags, timeout=timeout, include_dir=include_dir,
                            progress=progress, straight_flags=straight_flags,
                            straight_toolchain=choice.straight_toolchain,
                            estimate=choice.estimate(statements, parts),
-                           table_ops=getattr(source, 'table_ops', 0))
+                           table_ops=getattr(source, 'table_ops', 0), kernel_flags=kernel_flags)

@@ -13,6 +13,8 @@ from compiler.build.toolchain import Toolchain
 
 # A build expected to take longer than this (seconds) tells ``progress``.
 ANNOUNCE_AFTER = 2.0
+# The name of the loop kernels' translation unit (compiler.codegen.kernels_unit).
+KERNELS_UNIT = 'kernels'
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,9 @@ class BuildRequest:
     ``default``: the flags are the defaults (a failure then blames the
     generated C, not the caller's flags). ``progress(message)`` hears about a
     build expected (``estimate``, seconds) to take more than a couple of
-    seconds."""
+    seconds. ``kernel_flags``: the loop kernels' unit's flags (None:
+    ``flags``), the same fixed text for every program, optimised fully
+    whatever level the program's size chose for the rest."""
     source: str = field(repr=False)
     toolchain: Toolchain
     flags: tuple
@@ -38,22 +42,28 @@ class BuildRequest:
     progress: object = field(default=None, compare=False)
     estimate: float = 0.0
     table_ops: int = 0          # the source's scalar ops that run from an op table (0: statements)
+    kernel_flags: tuple = None
 
     @classmethod
     def of(cls, source, toolchain, flags, *, timeout=DEFAULT_TIMEOUT, include_dir=None, progress=None,
-           straight_flags=None, straight_toolchain=None, estimate=0.0, default=None, table_ops=0):
+           straight_flags=None, straight_toolchain=None, estimate=0.0, default=None, table_ops=0,
+           kernel_flags=None):
         """A request with its arguments checked: ``flags`` a list of str
         (``TypeError`` for one string), ``timeout`` in seconds (``inf``: none);
         ``default`` (None: whether ``flags`` are ``default_flags``)."""
         flags = tuple(check_flags(flags))
         if straight_flags is not None:
             straight_flags = tuple(check_flags(straight_flags))
+        if kernel_flags is not None:
+            kernel_flags = tuple(check_flags(kernel_flags))
+            if kernel_flags == flags:
+                kernel_flags = None
         if straight_toolchain == toolchain:
             straight_toolchain = None
         if default is None:
             default = are_default_flags(toolchain, list(flags))
         return cls(source, toolchain, flags, straight_toolchain, straight_flags, check_timeout(timeout),
-                   include_dir, default, progress, estimate, table_ops)
+                   include_dir, default, progress, estimate, table_ops, kernel_flags)
 
     @property
     def parts(self):
@@ -66,10 +76,17 @@ class BuildRequest:
         """The straight-line parts are built otherwise than the rest."""
         return bool(self.straight_flags) and bool(self.parts)
 
+    @property
+    def own_kernel_flags(self):
+        """The loop kernels' unit is built with flags of its own."""
+        return self.kernel_flags is not None and any(name == KERNELS_UNIT for name, _ in self.parts)
+
     def unit(self, name):
         """(toolchain, flags) for the translation unit ``name``."""
         if self.split and name in getattr(self.source, 'straight', ()):
             return self.straight_toolchain or self.toolchain, list(self.straight_flags)
+        if name == KERNELS_UNIT and self.kernel_flags is not None:
+            return self.toolchain, list(self.kernel_flags)
         return self.toolchain, list(self.flags)
 
     def key(self):
@@ -78,6 +95,8 @@ class BuildRequest:
         if self.split:
             tc = self.straight_toolchain or self.toolchain
             marks = ['--straight', tc.path, tc.version, *self.straight_flags]
+        if self.own_kernel_flags:
+            marks += ['--kernels', *self.kernel_flags]
         return build_key(self.source, self.toolchain, [*self.flags, *marks], self.include_dir)
 
     def unit_key(self, name, text):
@@ -97,7 +116,8 @@ class BuildRequest:
         """The ``Build`` of this request at ``path``."""
         return Build(path, cmd, cached, temporary, self.toolchain, list(self.flags),
                      list(self.straight_flags) if self.split else None,
-                     self.straight_toolchain if self.split else None, sha256, self.table_ops)
+                     self.straight_toolchain if self.split else None, sha256, self.table_ops,
+                     list(self.kernel_flags) if self.own_kernel_flags else None)
 
 
 @dataclass
@@ -112,13 +132,17 @@ class Build:
     straight_toolchain: Toolchain = None    # and their compiler, when not ``toolchain``
     sha256: str = None              # the checksum the shared object had when it was checked
     table_ops: int = 0              # scalar ops run from an op table (0: as statements)
+    kernel_flags: list = None       # the loop kernels' unit's flags, when not ``flags``
 
     def flags_text(self):
-        """The flags, and the straight-line parts' level (or compiler) where it differs."""
+        """The flags, and the straight-line parts' level (or compiler) and
+        the loop kernels' level where they differ."""
         text = ' '.join(self.flags)
         if self.straight_toolchain is not None:
-            return text + f' (straight-line parts {self.straight_toolchain.family})'
-        return text + (f' (straight-line parts {self.straight_flags[0]})' if self.straight_flags else '')
+            text += f' (straight-line parts {self.straight_toolchain.family})'
+        elif self.straight_flags:
+            text += f' (straight-line parts {self.straight_flags[0]})'
+        return text + (f' (loop kernels {self.kernel_flags[0]})' if self.kernel_flags else '')
 
     def scalar_code(self):
         """How the scalar ops were built: as straight-line statements, or as an op table."""
