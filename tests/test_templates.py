@@ -24,6 +24,8 @@ STUB = '''\
 #define N_FEATURES 3
 #define N_SHARED 8
 #define N_PARAM_SPAN 8
+#define N_WEIGHT_BLOCKS 1
+#define N_OTHER_SPANS 1
 #define N_AUX 1
 #define ROW_VALUES 8
 #define ROW_STRIDE 8
