@@ -21,12 +21,12 @@ import platform
 import random
 import resource
 import sys
-import tempfile
 import threading
 import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import micrograd                                     # noqa: E402
 from micrograd import Value                          # noqa: E402
@@ -35,6 +35,7 @@ from compiler import walk                            # noqa: E402
 from compiler.codegen import emit_module             # noqa: E402
 from compiler.trace import trace_graph               # noqa: E402
 from compiler.passes import run_passes           # noqa: E402
+from bench_machine import cold_cache             # noqa: E402
 
 
 def mlp(hidden):
@@ -141,20 +142,11 @@ def measure_compile(build):
     loss, inputs, params, outputs = build()
     gc.collect()
     before = _rss_mb()
-    old = os.environ.get('MICROGRAD_CACHE_DIR')
-    with tempfile.TemporaryDirectory(prefix='bench-frontend-') as cache:
-        os.environ['MICROGRAD_CACHE_DIR'] = cache
-        try:
-            with PeakMemory() as peak, warnings.catch_warnings():
-                warnings.simplefilter('ignore', UserWarning)
-                t0 = time.perf_counter()
-                m = compiler.compile(loss, inputs, params, outputs)
-                seconds = time.perf_counter() - t0
-        finally:
-            if old is None:
-                os.environ.pop('MICROGRAD_CACHE_DIR', None)
-            else:
-                os.environ['MICROGRAD_CACHE_DIR'] = old
+    with cold_cache('bench-frontend-'), PeakMemory() as peak, warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)
+        t0 = time.perf_counter()
+        m = compiler.compile(loss, inputs, params, outputs)
+        seconds = time.perf_counter() - t0
     what = f'{m.build.toolchain.family} {m.build.flags_text().split()[0]}, {m.build.scalar_code()}'
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return seconds, m.timings, what, peak.peak - before, child

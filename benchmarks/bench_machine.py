@@ -1,8 +1,11 @@
-"""The machine a benchmark ran on: CPU, cores, memory, load, versions, commit."""
+"""The machine a benchmark ran on: CPU, cores, memory, load, versions, commit;
+and a cold build cache to time compiles from."""
+import contextlib
 import importlib.metadata
 import os
 import platform
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,3 +110,20 @@ def other_load(start):
     if busy is None or busy_now is None or wall_now <= wall:
         return None
     return max(0.0, (busy_now - busy - (own_now - own)) / (wall_now - wall))
+
+
+@contextlib.contextmanager
+def cold_cache(prefix='bench-'):
+    """An empty build cache, as on a first compile (``$MICROGRAD_CACHE_DIR``
+    a new temporary folder, put back after; a module built inside stays
+    loaded after its folder is gone): nothing the cache held before is found."""
+    old = os.environ.get('MICROGRAD_CACHE_DIR')
+    with tempfile.TemporaryDirectory(prefix=prefix) as cache:
+        os.environ['MICROGRAD_CACHE_DIR'] = cache
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop('MICROGRAD_CACHE_DIR', None)
+            else:
+                os.environ['MICROGRAD_CACHE_DIR'] = old

@@ -57,12 +57,10 @@ for _threads in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
     os.environ[_threads] = '1'      # before numpy's BLAS starts its threads: one thread, as the docstring says
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -72,7 +70,7 @@ sys.path.insert(0, str(REPO / 'benchmarks'))
 
 import microgpt_train as gpt  # noqa: E402
 from compiler import cli  # noqa: E402
-from bench_machine import machine  # noqa: E402
+from bench_machine import cold_cache, machine  # noqa: E402
 from microgpt_numpy import NumpyGPT  # noqa: E402
 
 LR = 1e-2                   # microgpt's, decaying linearly to 0
@@ -110,27 +108,11 @@ def alternate(systems, repeats):
     return [row for row, _ in systems]
 
 
-@contextlib.contextmanager
-def cold_cache():
-    """An empty build cache, as on a first compile (the module stays loaded
-    after its folder is gone): nothing the cache held before is found."""
-    old = os.environ.get('MICROGRAD_CACHE_DIR')
-    with tempfile.TemporaryDirectory(prefix='bench-microgpt-') as cache:
-        os.environ['MICROGRAD_CACHE_DIR'] = cache
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop('MICROGRAD_CACHE_DIR', None)
-            else:
-                os.environ['MICROGRAD_CACHE_DIR'] = old
-
-
 def prepare_ours(setup, steps, cc):
     """Compile (timed from the Value graph to the loaded module); the row and
     a run that trains from the initial weights (the same losses every time)."""
     _, _, config, weights, _ = setup
-    with cold_cache():
+    with cold_cache('bench-microgpt-'):
         t0 = time.perf_counter()
         ours = gpt.CompiledGPT(config, weights, LR, cc=cc)
         total = time.perf_counter() - t0
