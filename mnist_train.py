@@ -135,9 +135,11 @@ def build_model(hidden=None, seed=0, cc=None, optimizer='sgd', lr=None, threads=
     _, default_lr, make = OPTIMIZERS[optimizer]
     with gc_paused():       # the graph is dropped inside: the collector never scans it
         graph = ModelSpec(model, hidden).graph(seed)
-        return compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
-                                outputs=graph.logits, cc=cc, threads=threads,
-                                optimizer=make(default_lr if lr is None else lr))
+        compiled = compiler.compile(graph.loss, inputs=graph.inputs, params=graph.params,
+                                    outputs=graph.logits, cc=cc, threads=threads,
+                                    optimizer=make(default_lr if lr is None else lr))
+        del graph
+    return compiled
 
 
 @dataclass
