@@ -384,6 +384,13 @@ def _int64s(*arrays):
     return [np.ascontiguousarray(x, dtype=np.int64) for x in arrays]
 
 
+def _loop_operands(arrays, native):
+    """``out``, ``a`` and ``either()`` of ``arrays`` as the loops index them:
+    int64 arrays for the C loops (``native``), lists for the Python ones."""
+    out, a, b = arrays.out, arrays.a, arrays.either()
+    return _int64s(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
+
+
 def needs_grad(program):
     """``flags[s]`` is true when the gradient of slot ``s`` reaches a parameter
     (or, with ``program.input_grads``, an input)."""
@@ -397,8 +404,7 @@ def needs_grad(program):
         # the scalar ops from the arrays, the lifted ones between them (no Op objects)
         arrays, n = program.arrays, program.n_grad_ops
         native = _native_loops(len(arrays.out))
-        out, a, b = arrays.out, arrays.a, arrays.either()
-        out, a, b = _int64s(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
+        out, a, b = _loop_operands(arrays, native)
         done = 0
         for rank, (position, op) in enumerate([*[(i, op) for i, op in program.lifted if i < n], (n, None)]):
             upto = position - rank        # the scalar ops before this one
@@ -456,9 +462,9 @@ def prefixes_hold(program):
         # slots written before it, so earlier positions' marks never reach it
         live = bytearray(program.n_slots)
         native = _native_loops(len(arrays.out))
+        out, a, b = _loop_operands(arrays, native)
         if native is not None:
-            return native.cones_hold(live, *_int64s(arrays.out, arrays.a, arrays.either(), cuts))
-        out, a, b = arrays.out.tolist(), arrays.a.tolist(), arrays.either().tolist()
+            return native.cones_hold(live, out, a, b, *_int64s(cuts))
         start = 0
         for cut in cuts:
             live[out[cut]] = 1
@@ -503,8 +509,7 @@ def _live(program, roots):
         # the scalar ops from the arrays, the lifted ones between them (no Op objects)
         arrays = program.arrays
         native = _native_loops(len(arrays.out))
-        out, a, b = arrays.out, arrays.a, arrays.either()
-        out, a, b = _int64s(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
+        out, a, b = _loop_operands(arrays, native)
 
         def mark(start, stop):        # the scalar ops [start, stop), last to first
             if native is not None:
