@@ -38,8 +38,9 @@ DEFAULT_BUILDS = (('clang', '-O2', None), ('gcc', '-O3', None), ('clang', '-O1',
                   ('tcc', None, None))
 
 
-# The level of the loop kernels' unit when no level is asked for (choice.plan).
-KERNELS_LEVEL = {'clang': '-O2', 'gcc': '-O3'}
+# The level of the loop kernels' unit when no level is asked for (choice.plan):
+# each optimising compiler's first, fastest default build.
+KERNELS_LEVEL = {family: level for family, level, _ in reversed(DEFAULT_BUILDS) if level is not None}
 
 
 def compile_estimate(family, opt, statements, parts=1):
