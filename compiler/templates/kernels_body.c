@@ -218,9 +218,10 @@ ISA(row_list)(const double *x, int k0, int C, int skip, int *ix, double *a)
             const __m512d v = _mm512_loadu_pd(x + k);
             const __mmask8 mk = _mm512_cmp_pd_mask(v, z, _CMP_NEQ_UQ);
             /* compress in registers, then store all 8 lanes: the lanes past
-             * the count land below k + 8 <= C, inside the row's list, and are
-             * overwritten or never read. (A compress straight to memory is
-             * microcoded on AMD Zen 4: about 44% of a 784-50-10 step.) */
+             * the count land below position k + 8 - k0 <= C - k0, inside
+             * the list's room, and are overwritten or never read. (A
+             * compress straight to memory is microcoded on AMD Zen 4: about
+             * 44% of a 784-50-10 step.) */
             _mm256_storeu_si256((__m256i *)(ix + n), _mm256_maskz_compress_epi32(mk, kv));
             _mm512_storeu_pd(a + n, _mm512_maskz_compress_pd(mk, v));
             n += __builtin_popcount(mk);
@@ -244,24 +245,23 @@ ISA(starts_negative_zero)(double x0, int w0neg, int w0pos)
     return x0 == 0.0 && (signbit(x0) ? w0pos : w0neg);
 }
 
-/* Where each block of KC terms starts in a list of n ascending ks:
- * off[b] for b <= NB (off[NB] = n). */
-static void
-ISA(block_offsets)(const int *ix, int n, int KC, int NB, int *off)
+/* The terms k in [k0, C) of one row x that count (as row_list), listed a
+ * block of KC inputs at a time so that where each block's terms start in
+ * the list comes for free: off[b] for b <= NB (off[NB] = the count, which
+ * it returns). KC is a multiple of 8: only the first block (k0 > 0) and
+ * the last have a scalar tail. */
+static int
+ISA(row_blocks)(const double *x, int k0, int C, int skip, int KC, int NB, int *ix, double *a, int *off)
 {
-    off[0] = 0;
-    for (int b = 1; b < NB; b++) {      /* the first j with ix[j] >= b * KC */
-        int lo = off[b - 1], hi = n;
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            if (ix[mid] < b * KC)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        off[b] = lo;
+    int n = 0;
+    for (int b = 0; b < NB; b++) {
+        off[b] = n;
+        const int lo = b == 0 ? k0 : b * KC, hi = mv_min(C, (b + 1) * KC);
+        if (lo < hi)
+            n += ISA(row_list)(x, lo, hi, skip, ix + n, a + n);
     }
     off[NB] = n;
+    return n;
 }
 
 /* Rows x lanes: out[r][i] (i < e) = a sum over the terms of row r's list in
@@ -357,7 +357,7 @@ ISA(mv_fwd)(const double *wp, const double *hp, int R, int C, int start, int ski
             const double *X, long ldx, double *Y, long ldy, int r0, int r1, void *scratch)
 {
     const int R8 = (R + 7) & ~7, NP = (R8 + MV_PW - 1) / MV_PW;
-    const int KC = mv_max(8, MV_L1_DOUBLES / mv_min(MV_PW, R8)), NB = (C + KC - 1) / KC;
+    const int KC = mv_max(8, (MV_L1_DOUBLES / mv_min(MV_PW, R8)) & ~7), NB = (C + KC - 1) / KC;
     int w0neg = 0, w0pos = 0;
     if (start == 1)
         for (int n = 0; n < R; n++) {
@@ -372,8 +372,8 @@ ISA(mv_fwd)(const double *wp, const double *hp, int R, int C, int start, int ski
             const double *x = X + (c0 + r) * ldx;
             /* a row whose sums may start at -0.0 adds its zeros too */
             const int sk = skip && !(start == 1 && ISA(starts_negative_zero)(x[0], w0neg, w0pos));
-            const int n = ISA(row_list)(x, start == 1, C, sk, s.ix + (size_t)r * C, s.a + (size_t)r * C);
-            ISA(block_offsets)(s.ix + (size_t)r * C, n, KC, NB, s.off + r * (NB + 1));
+            ISA(row_blocks)(x, start == 1, C, sk, KC, NB, s.ix + (size_t)r * C, s.a + (size_t)r * C,
+                            s.off + r * (NB + 1));
         }
         for (int q = 0; q < NP; q++) {
             const int n0 = q * MV_PW, nw = mv_min(MV_PW, R8 - n0), e = mv_min(R - n0, nw);
@@ -399,13 +399,17 @@ ISA(mv_bgx)(const double *wq, const int *perm, int R, int C, int skip, const dou
             const double *gy = GY + (c0 + r) * ldgy;
             int *ix = s.ix + (size_t)r * R, n = 0;
             double *a = s.a + (size_t)r * R;
-            for (int j = 0; j < R; j++) {   /* branch-free append */
-                const double g = gy[perm[j]];
-                ix[n] = j;
-                a[n] = g;
-                n += !skip | (g != 0.0);
+            int *off = s.off + r * (NB + 1);
+            for (int b = 0; b < NB; b++) {   /* block by block: where each starts comes for free */
+                off[b] = n;
+                for (int j = b * JC, j1 = mv_min(R, (b + 1) * JC); j < j1; j++) {   /* branch-free append */
+                    const double g = gy[perm[j]];
+                    ix[n] = j;
+                    a[n] = g;
+                    n += !skip | (g != 0.0);
+                }
             }
-            ISA(block_offsets)(ix, n, JC, NB, s.off + r * (NB + 1));
+            off[NB] = n;
         }
         for (int q = 0; q < NP; q++) {
             const int k0 = q * MV_PW, nw = mv_min(MV_PW, C8 - k0), e = mv_min(C - k0, nw);
