@@ -341,15 +341,19 @@ def test_train_batch_over_several_blocks_matches_the_interpreter(cc):
 
 @needs_cc
 @pytest.mark.parametrize('cc', COMPILERS)
-def test_train_batch_with_nonfinite_gradients_matches_the_interpreter(cc):
+@pytest.mark.parametrize('n_inputs', [4, 16])
+def test_train_batch_with_nonfinite_gradients_matches_the_interpreter(cc, n_inputs):
     # log(relu(y)) at y <= 0 makes a row's gradient inf or nan: then a blank
     # input's weight gradient is 0 * inf = nan and must be recorded too.
     # Each neuron takes its bias first; a bias < 0 with weights > 0 makes the
     # gradient nan on blank rows only, where each weight's gradient must
-    # become 0 * nan = nan, while the other rows' are finite
+    # become 0 * nan = nan, while the other rows' are finite. 16 inputs: the
+    # weight gradient lists 8 consecutive inputs of 8 rows at once (AVX-512)
+    q = n_inputs // 4
     params = []
     for r in range(18):
-        params += [-0.1, 0.5, 0.25, 0.5, 1.0] if r % 2 else [0.3 * ((r + c) % 5 - 2) for c in range(5)]
-    X = [[1.0, 2.0, 3.0, 0.5]] + [[0.0, 0.0, 0.0, 0.0]] * 70 + [[0.0, 1.0, 0.0, 2.0]]
+        params += ([-0.1] + [0.5, 0.25, 0.5, 1.0] * q if r % 2
+                   else [0.3 * ((r + c) % 5 - 2) for c in range(n_inputs + 1)])
+    X = [[1.0, 2.0, 3.0, 0.5] * q] + [[0.0] * n_inputs] * 70 + [[0.0, 1.0, 0.0, 2.0] * q]
     m = assert_train_batch_matches_interpreter(log_relu_layer, X, params, 0.01, cc)
     assert 'MatVec' in vector_op_kinds(m.program)

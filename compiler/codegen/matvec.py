@@ -323,10 +323,10 @@ class MatVecRenderer:
             def lists(L):       # mv_fwd, mv_bgx: MV_RCH rows' lists of L terms, offsets, sums
                 return (RCH * PW * 8 + RCH * L * 12 + RCH * (L // 8 + 2) * 4 + 4 * 64)
             # mv_bgw: packed gy (at most max(L1_DOUBLES, 64 * round8(R)) doubles),
-            # and each input's list of a block's rows: up to RB_MAX rows when
-            # a thread's share of the neurons is narrow
+            # and each input's list of a block's rows (a double and an int a
+            # row): up to RB_MAX rows when a thread's share of the neurons is narrow
             R8 = round_up(op.rows, 8)
-            bgw = (8 * max(L1_DOUBLES, (L1_DOUBLES // PW) * R8) + 8 * PW + K * RB_MAX * 20 + 4 * K
-                   + RB_MAX + 7 * 64)
+            bgw = (8 * max(L1_DOUBLES, (L1_DOUBLES // PW) * R8) + 8 * PW + K * RB_MAX * 12 + 4 * K
+                   + RB_MAX + 6 * 64)
             need = max(need, lists(op.cols), lists(op.rows), 16 * n + bgw)
         return round_up(need, 64)

@@ -430,10 +430,10 @@ ISA(consecutive8)(const int *cols)
     return cols[0] >= 0;
 }
 
-/* out[c * ldo + i] = x[i][k + c] for 8 rows x 8 inputs: a transpose in
+/* t[c] = x[0..7][k + c]: 8 rows x 8 inputs, by input, a transpose in
  * registers (pairs, then quads, then halves: 24 shuffles for 64 values). */
 static inline void
-ISA(transpose8)(const double *const *x, int k, double *out, long ldo)
+ISA(transpose8)(const double *const *x, int k, __m512d t[8])
 {
     __m512d r[8], lo[4], hi[4];
     for (int i = 0; i < 8; i++)
@@ -445,14 +445,32 @@ ISA(transpose8)(const double *const *x, int k, double *out, long ldo)
     const __m512i s04 = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), s26 = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     const __m512i h0 = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), h1 = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
     for (int odd = 0; odd < 2; odd++) {
-        const __m512d *t = odd ? hi : lo;
+        const __m512d *u = odd ? hi : lo;
         /* rows 0-3 then 4-7 of inputs 0 and 4 (a), 2 and 6 (b); +1 when odd */
-        const __m512d a0 = _mm512_permutex2var_pd(t[0], s04, t[1]), a1 = _mm512_permutex2var_pd(t[2], s04, t[3]);
-        const __m512d b0 = _mm512_permutex2var_pd(t[0], s26, t[1]), b1 = _mm512_permutex2var_pd(t[2], s26, t[3]);
-        _mm512_storeu_pd(out + (0 + odd) * ldo, _mm512_permutex2var_pd(a0, h0, a1));
-        _mm512_storeu_pd(out + (4 + odd) * ldo, _mm512_permutex2var_pd(a0, h1, a1));
-        _mm512_storeu_pd(out + (2 + odd) * ldo, _mm512_permutex2var_pd(b0, h0, b1));
-        _mm512_storeu_pd(out + (6 + odd) * ldo, _mm512_permutex2var_pd(b0, h1, b1));
+        const __m512d a0 = _mm512_permutex2var_pd(u[0], s04, u[1]), a1 = _mm512_permutex2var_pd(u[2], s04, u[3]);
+        const __m512d b0 = _mm512_permutex2var_pd(u[0], s26, u[1]), b1 = _mm512_permutex2var_pd(u[2], s26, u[3]);
+        t[0 + odd] = _mm512_permutex2var_pd(a0, h0, a1);
+        t[4 + odd] = _mm512_permutex2var_pd(a0, h1, a1);
+        t[2 + odd] = _mm512_permutex2var_pd(b0, h0, b1);
+        t[6 + odd] = _mm512_permutex2var_pd(b0, h1, b1);
+    }
+}
+
+/* Rows ib..ib+7 onto the lists of 8 inputs (input c's list at ix, a + c *
+ * RB, cnt[c] long): the rows where t[c] is nonzero (NaN counts) or whose gy
+ * is not finite (the bits of nf). Eight lists at once: their counts do not
+ * wait for each other. All 8 lanes are stored: the ones past the count
+ * land below ib + 8, inside the list's room. */
+static inline void
+ISA(append8)(const __m512d t[8], int ib, __mmask8 nf, int *ix, double *a, int *cnt, int RB)
+{
+    const __m512d z = _mm512_setzero_pd();
+    const __m256i iv = _mm256_add_epi32(_mm256_set1_epi32(ib), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int c = 0; c < 8; c++) {
+        const __mmask8 mk = _mm512_cmp_pd_mask(t[c], z, _CMP_NEQ_UQ) | nf;
+        _mm256_storeu_si256((__m256i *)(ix + (size_t)c * RB + cnt[c]), _mm256_maskz_compress_epi32(mk, iv));
+        _mm512_storeu_pd(a + (size_t)c * RB + cnt[c], _mm512_maskz_compress_pd(mk, t[c]));
+        cnt[c] += __builtin_popcount(mk);
     }
 }
 #endif
@@ -484,8 +502,6 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
     p += mv_align64(sizeof(double) * (size_t)K * RB);
     int *ix = (int *)p;
     p += mv_align64(sizeof(int) * (size_t)K * RB);
-    double *xt = (double *)p;                         /* [input][row] */
-    p += mv_align64(sizeof(double) * (size_t)K * RB);
     int *cnt = (int *)p;
     p += mv_align64(sizeof(int) * (size_t)K);
     char *gyfin = p;
@@ -501,43 +517,40 @@ ISA(mv_bgw)(int R, int C, int n_rows, const double *const *xrow, const double *c
                 memcpy(gyp + (size_t)q * MV_BGW_PW * RB + (size_t)i * nw, g + q * MV_BGW_PW, sizeof(double) * nw);
             }
         }
-        /* x of the block's rows by input (xt[c][i], a transpose in tiles of
-         * 8 x 8: each row's cache lines read in order), then each input's
-         * list of rows, in order, as a row's list is built */
-        int any_nonfinite = 0;
-        for (int i = 0; i < nb; i++)
-            any_nonfinite |= !gyfin[i];
+        /* each input's list of the block's rows where its x is nonzero (or
+         * the row's gy not finite), in order: 8 rows at a time, each row's
+         * cache lines read in order (8 x 8 tiles transposed in registers) */
+        for (int c = 0; c < K; c++)
+            cnt[c] = 0;
         for (int ib = 0; ib < nb; ib += 8) {
             const int ie = mv_min(8, nb - ib);
+#if MV_LEVEL == 2 && defined(__x86_64__)
+            __mmask8 nf = 0;
+            for (int i = 0; i < ie; i++)
+                nf |= (__mmask8)(!gyfin[ib + i] << i);
+#endif
             for (int c0 = 0; c0 < K; c0 += 8) {
 #if MV_LEVEL == 2 && defined(__x86_64__)
                 if (ie == 8 && ISA(consecutive8)(cols + c0)) {
-                    ISA(transpose8)(xrow + i0 + ib, cols[c0], xt + (size_t)c0 * RB + ib, RB);
+                    __m512d t[8];
+                    ISA(transpose8)(xrow + i0 + ib, cols[c0], t);
+                    ISA(append8)(t, ib, nf, ix + (size_t)c0 * RB, a + (size_t)c0 * RB, cnt + c0, RB);
                     continue;
                 }
 #endif
-                for (int i = 0; i < ie; i++) {
-                    const double *x = xrow[i0 + ib + i];
-                    UNROLL for (int c = 0; c < 8; c++) {
-                        const int k = cols[c0 + c];
-                        xt[(size_t)(c0 + c) * RB + ib + i] = k >= 0 ? x[k] : 0.0;
+                for (int c = c0; c < c0 + 8; c++) {
+                    const int k = cols[c];
+                    int *ixc = ix + (size_t)c * RB, n = cnt[c];
+                    double *ac = a + (size_t)c * RB;
+                    for (int i = ib; i < ib + ie; i++) {   /* branch-free append */
+                        const double x = k >= 0 ? xrow[i0 + i][k] : 0.0;
+                        ixc[n] = i;
+                        ac[n] = x;
+                        n += !gyfin[i] | (x != 0.0);   /* NaN != 0: listed */
                     }
+                    cnt[c] = n;
                 }
             }
-        }
-        for (int c = 0; c < K; c++) {
-            const double *xc = xt + (size_t)c * RB;
-            int *ixc = ix + (size_t)c * RB, n = 0;
-            double *ac = a + (size_t)c * RB;
-            if (!any_nonfinite)
-                n = ISA(row_list)(xc, 0, nb, 1, ixc, ac);
-            else
-                for (int i = 0; i < nb; i++) {     /* a row whose gy is not finite: every term */
-                    ixc[n] = i;
-                    ac[n] = xc[i];
-                    n += !gyfin[i] | (xc[i] != 0.0);   /* NaN != 0: listed */
-                }
-            cnt[c] = n;
         }
         for (int q = 0; q < NP; q++) {
             const int n0 = q * MV_BGW_PW, nw = mv_min(MV_BGW_PW, W8 - n0), e = mv_min(L1 - L0 - n0, nw);
