@@ -361,10 +361,11 @@ def graph_hash(program):
 
 # Where the analyses' loops over a large program's arrays run in C: a
 # function of the number of ops giving the module with ``mark_readers``,
-# ``mark_operands`` and ``cones_hold`` (the loops of ``needs_grad``,
-# ``_live`` and ``prefixes_hold``, same results), or None for the Python
-# loops. compiler.trace installs ``walk.native_loops`` (the tracer's C module,
-# loaded anyway for programs that large); ir itself imports nothing.
+# ``mark_operands``, ``cones_hold`` and ``reads_out_of_order`` (the loops of
+# ``needs_grad``, ``_live``, ``prefixes_hold`` and ``reads_out_of_order``,
+# same results), or None for the Python loops. compiler.trace installs
+# ``walk.native_loops`` (the tracer's C module, loaded anyway for programs
+# that large); ir itself imports nothing.
 _native_loops_of = None
 
 
@@ -486,6 +487,30 @@ def prefixes_hold(program):
             live.update(op.reads)
         start = cut + 1
     return True
+
+
+def reads_out_of_order(a, b, pos, matters):
+    """For the ops ``i`` reading slots ``a[i]`` and ``b[i]`` (int64 arrays;
+    negative: no operand) and moved to positions ``pos[i]``: each pair of
+    consecutive readers of a slot ``s`` with ``matters[s]`` (bool per slot),
+    in op order, that the new positions put the other way round. Three int64
+    arrays (slot, earlier reader, later reader), sorted by slot, then reader."""
+    import numpy as np
+    native = _native_loops(len(a))
+    if native is not None:
+        found = np.array(native.reads_out_of_order(np.ascontiguousarray(matters, dtype=np.uint8),
+                                                   *_int64s(a, b, pos)), dtype=np.int64).reshape(-1, 3)
+        found = found[np.lexsort((found[:, 1], found[:, 0]))]
+        return found[:, 0], found[:, 1], found[:, 2]
+    ops = np.arange(len(a), dtype=np.int64)
+    slots, reader = np.concatenate([a, b]), np.concatenate([ops, ops])
+    keep = slots >= 0
+    keep[keep] = matters[slots[keep]]
+    slots, reader = slots[keep], reader[keep]
+    order = np.argsort(slots * max(len(a), 1) + reader)   # each slot's readers in op order
+    slots, reader = slots[order], reader[order]
+    at = np.flatnonzero((slots[1:] == slots[:-1]) & (pos[reader[1:]] < pos[reader[:-1]]))
+    return slots[at], reader[at], reader[at + 1]
 
 
 def features(program):

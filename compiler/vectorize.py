@@ -42,7 +42,7 @@ from collections import defaultdict
 import numpy as np
 
 from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, Sum, needs_grad,
-                        prefixes_hold)
+                        prefixes_hold, reads_out_of_order)
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -595,32 +595,23 @@ def _gradient_order_breaks(g, schedule, rep_of, lifted):
     cone = g.cone
     position = np.empty(cone, dtype=np.int64)
     position[schedule] = np.arange(len(schedule))
-    new_pos = position[rep_of]
-    ops = np.arange(cone)
-    slots = np.concatenate([g.a[:cone], g.b[:cone]])
-    reader = np.concatenate([ops, ops])
-    keep = slots >= 0
-    keep[keep] = (g.uses[slots[keep]] > 1) & g.needs[slots[keep]]
-    if np.array_equal(schedule, np.flatnonzero(rep_of == ops)):
+    matters = (g.uses > 1) & g.needs       # slots whose readers' order counts
+    if np.array_equal(schedule, np.flatnonzero(rep_of == np.arange(cone))):
         # units in their own order: only a read by an absorbed op can move
         # after a later one (to its unit), so only slots such reads reach matter
-        moved = rep_of != ops
-        reached = np.zeros(g.program.n_slots + 1, dtype=bool)
+        moved = rep_of != np.arange(cone)
+        reached = np.zeros(len(matters) + 1, dtype=bool)   # [-1]: no operand
         reached[g.a[:cone][moved]] = True
         reached[g.b[:cone][moved]] = True
-        keep &= reached[slots]
-    slots, reader = slots[keep], reader[keep]
-    order = np.argsort(slots * cone + reader)   # each slot's readers in the original order
-    slots, reader = slots[order], reader[order]
-    pos = new_pos[reader]
+        matters &= reached[:-1]
+    slots, earlier, later = reads_out_of_order(g.a[:cone], g.b[:cone], position[rep_of], matters)
     breaks = {}
-    for i in np.flatnonzero((slots[1:] == slots[:-1]) & (pos[1:] < pos[:-1])).tolist():
-        first, second = int(rep_of[reader[i]]), int(rep_of[reader[i + 1]])
+    for slot, first, second in zip(slots.tolist(), rep_of[earlier].tolist(), rep_of[later].tolist()):
         if first not in lifted and second not in lifted:
             return None       # two scalar ops swapped (one waited for a lifted unit): give up
         for unit, other in ((first, second), (second, first)):
             if unit in lifted:
-                breaks.setdefault(unit, (int(slots[i]), other))
+                breaks.setdefault(unit, (slot, other))
     return breaks
 
 

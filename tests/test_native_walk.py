@@ -322,3 +322,47 @@ def test_the_passes_loops_in_c_answer_both_ways_and_refuse_stray_slots(walker):
         walker.mark_readers(bytearray(10), out, a[:1], a, 0, 1)
     with pytest.raises(BufferError):
         walker.mark_readers(b'\0' * 10, out, a, a, 0, 2)      # flags must be writable
+
+
+@pytest.mark.parametrize('seed', range(20))
+def test_reads_out_of_order_in_c_gives_the_python_pairs(monkeypatch, walker, seed):
+    from compiler.ir import reads_out_of_order
+    rng = np.random.default_rng(seed)
+    n_ops, n_slots = int(rng.integers(1, 400)), int(rng.integers(1, 60))
+    a = rng.integers(0, n_slots, n_ops)
+    b = np.where(rng.random(n_ops) < 0.3, -1, rng.integers(0, n_slots, n_ops))
+    b = np.where(rng.random(n_ops) < 0.1, a, b)                 # x * x: one op reads a slot twice
+    pos = np.arange(n_ops) if seed % 4 == 0 else rng.permutation(n_ops)
+    if seed % 4 == 1:                                           # a few ops moved, the rest in order
+        pos = np.arange(n_ops)
+        moved = rng.choice(n_ops, size=min(3, n_ops), replace=False)
+        pos[moved] = rng.permutation(pos[moved])
+    matters = rng.random(n_slots) < 0.7
+
+    def pairs():
+        return np.stack(reads_out_of_order(a, b, pos, matters)).tolist()
+    in_c, in_python = both_loops(monkeypatch, walker, lambda _: pairs(), None)
+    assert in_c == in_python
+    # what the pairs mean, from scratch: consecutive readers of a slot that matters, swapped
+    expected = []
+    for s in range(n_slots):
+        readers = [i for i in range(n_ops) for x in (a[i], b[i]) if x == s] if matters[s] else []
+        expected += [(s, r, t) for r, t in zip(readers, readers[1:]) if pos[t] < pos[r]]
+    assert [tuple(p) for p in np.array(in_c).T.tolist()] == expected
+    if seed % 4 == 0:
+        assert not expected               # nothing moved
+    elif seed % 4 >= 2 and n_ops > 50:
+        assert expected                   # shuffled
+
+
+def test_reads_out_of_order_refuses_stray_slots(walker):
+    a, pos = np.array([0, 9], dtype=np.int64), np.array([1, 0], dtype=np.int64)
+    with pytest.raises(ValueError, match='out of range'):
+        walker.reads_out_of_order(np.ones(5, dtype=np.uint8), a, a, pos)
+    with pytest.raises(ValueError, match='one length'):
+        walker.reads_out_of_order(np.ones(10, dtype=np.uint8), a[:1], a, pos)
+    assert walker.reads_out_of_order(np.ones(10, dtype=np.uint8), a, a, pos) == []
+    assert walker.reads_out_of_order(np.ones(10, dtype=np.uint8), a[::-1].copy(), a, pos) == [(0, 0, 1), (9, 0, 1)]
+    assert walker.reads_out_of_order(np.array([0] * 9 + [1], dtype=np.uint8), a[::-1].copy(), a, pos) == [(9, 0, 1)]
+    both = np.array([0, 0], dtype=np.int64)
+    assert walker.reads_out_of_order(np.ones(1, dtype=np.uint8), both, both, pos) == [(0, 0, 1)]

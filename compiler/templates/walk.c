@@ -576,7 +576,7 @@ leaves_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- loops of the passes over the program's arrays ------------------------
  *
- * Three loops the passes run over every scalar op of a large program, here
+ * Four loops the passes run over every scalar op of a large program, here
  * because Python spends about 0.1 us an op on them (compiler/ir.py holds
  * their Python twins, which run for small programs and without C). Their
  * arrays arrive as buffers: ``flags`` / ``live`` one byte a slot, writable;
@@ -724,6 +724,74 @@ cones_hold(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(holds);
 }
 
+/* reads_out_of_order(matters, a, b, pos) -> [(slot, earlier, later)]: for
+   each slot s with matters[s] (one byte a slot), its readers in op order
+   (op i reads a[i], then b[i]; a negative slot is no operand), each pair of
+   consecutive readers whose new positions pos[] decrease
+   (``ir.reads_out_of_order``'s loop: a dict-free scan where Python sorts). */
+static PyObject *
+reads_out_of_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reads_out_of_order(matters, a, b, pos)");
+        return NULL;
+    }
+    Py_buffer v[4];
+    int held = 0;
+    PyObject *found = NULL;
+    int64_t *last = NULL;
+    for (; held < 4; held++)
+        if (PyObject_GetBuffer(args[held], &v[held], PyBUF_SIMPLE) < 0)
+            goto done;
+    if (v[1].len % 8 || v[1].len != v[2].len || v[1].len != v[3].len) {
+        PyErr_SetString(PyExc_ValueError, "reads_out_of_order: a, b and pos must be int64 arrays of one length");
+        goto done;
+    }
+    const unsigned char *matters = v[0].buf;
+    const int64_t *x = v[1].buf, *y = v[2].buf, *pos = v[3].buf;
+    const int64_t n_slots = (int64_t)v[0].len, n_ops = (int64_t)(v[1].len / 8);
+    last = malloc(sizeof(int64_t) * (size_t)(n_slots ? n_slots : 1));
+    found = PyList_New(0);
+    if (last == NULL || found == NULL) {
+        if (last == NULL)
+            PyErr_NoMemory();
+        Py_CLEAR(found);
+        goto done;
+    }
+    for (int64_t s = 0; s < n_slots; s++)
+        last[s] = -1;                       /* no reader yet */
+    for (int64_t i = 0; i < n_ops; i++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t s = k ? y[i] : x[i];
+            if (s < 0)
+                continue;
+            if (s >= n_slots) {
+                PyErr_SetString(PyExc_ValueError, "reads_out_of_order: a slot out of range");
+                Py_CLEAR(found);
+                goto done;
+            }
+            if (!matters[s])
+                continue;
+            const int64_t r = last[s];
+            if (r >= 0 && pos[i] < pos[r]) {
+                PyObject *t = Py_BuildValue("(LLL)", (long long)s, (long long)r, (long long)i);
+                if (t == NULL || PyList_Append(found, t) < 0) {
+                    Py_XDECREF(t);
+                    Py_CLEAR(found);
+                    goto done;
+                }
+                Py_DECREF(t);
+            }
+            last[s] = i;
+        }
+done:
+    free(last);
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&v[i]);
+    return found;
+}
+
 PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
              "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
              "or None where the Python walk must read the graph.");
@@ -734,6 +802,7 @@ static PyMethodDef walk_methods[] = {
     {"mark_readers", (PyCFunction)(void (*)(void))mark_readers, METH_FASTCALL, NULL},
     {"cones_hold", (PyCFunction)(void (*)(void))cones_hold, METH_FASTCALL, NULL},
     {"mark_operands", (PyCFunction)(void (*)(void))mark_operands, METH_FASTCALL, NULL},
+    {"reads_out_of_order", (PyCFunction)(void (*)(void))reads_out_of_order, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
