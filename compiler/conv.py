@@ -39,7 +39,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import Conv, MatVec, OP_CODES, Program, ScalarArrays, Sum, needs_grad
+from compiler.ir import Conv, MatVec, OP_CODES, Program, ScalarArrays, SlotMap, Sum, needs_grad
 
 _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 
@@ -425,12 +425,7 @@ def _rebuild(g, layers, order):
         lifted.append((at, op))
     flags = np.zeros(new_n_slots, dtype=np.uint8)
     flags[new[written]] = g.needs[:n_slots][written]
-    old_map = program.slot_map
-    if old_map is None:
-        slot_map = [None if s < 0 else s for s in new.tolist()]
-    else:
-        nl = new.tolist()
-        slot_map = [None if s is None or nl[s] < 0 else nl[s] for s in old_map]
+    slot_map = SlotMap(new) if program.slot_map is None else program.slot_map.then(new)
     out = Program(n_slots=new_n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
                   constants=program.constants, arrays=scalar, lifted=tuple(lifted),
                   n_grad_ops=len(order), loss=int(new[program.loss]),

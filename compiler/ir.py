@@ -184,6 +184,36 @@ class ScalarArrays:
         return np.where(self.b < 0, self.a, self.b)
 
 
+class SlotMap:
+    """Where a renumbering pass moved each slot: ``m[s]`` is slot ``s``'s new
+    slot, or None where the pass eliminated it (inside a lifted op). One
+    int64 array (-1: eliminated) rather than a list: a program of millions
+    of slots gets no list of millions of Python ints."""
+    __slots__ = ('array',)
+    __hash__ = None
+
+    def __init__(self, array):
+        self.array = array
+
+    def __len__(self):
+        return len(self.array)
+
+    def __getitem__(self, s):
+        n = int(self.array[s])
+        return None if n < 0 else n
+
+    def __iter__(self):
+        return (None if n < 0 else n for n in self.array.tolist())
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def then(self, new):
+        """This map, then a later pass's ``new`` (int64 array, -1: eliminated)."""
+        import numpy as np
+        return SlotMap(np.where(self.array >= 0, new[self.array], -1))
+
+
 class Program:
     """A traced program (see the module's docstring for its slots). ``ops`` is
     the list of ops; a program from ``trace`` or a pass holds its scalar ops
@@ -205,7 +235,7 @@ class Program:
         self.loss = loss
         self.outputs = outputs
         self.passes = passes
-        self.slot_map = slot_map          # after a renumbering pass: old slot -> new slot (None: eliminated)
+        self.slot_map = slot_map          # after a renumbering pass: SlotMap, old slot -> new slot
         self.param_order = param_order    # the slot of each parameter, in ``params`` order (None: in order)
         self.graph_hash = graph_hash      # names the traced graph; passes keep it (see graph_hash())
         self.input_grads = input_grads    # backward also computes d loss / d input

@@ -41,7 +41,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, Sum, needs_grad,
+from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, needs_grad,
                         prefixes_hold, reads_out_of_order)
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
@@ -692,7 +692,7 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
     kept = new >= 0
     flags = np.zeros(n_slots, dtype=np.uint8)
     flags[new[kept]] = g.needs[:program.n_slots][kept]
-    slot_map = [None if s < 0 else s for s in new.tolist()]
+    slot_map = SlotMap(new)
     param_slots = tuple(new[np.array(program.param_slots, dtype=np.int64)].tolist()) if program.n_params else ()
     out = Program(n_slots=n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
                    constants=program.constants, arrays=scalar, lifted=tuple(lifted_ops),
