@@ -362,6 +362,9 @@ def _run_text(run):
     return f'{_span(first.out, last.out)} = {first.name}({args})'
 
 
+HASH_CHUNK_OPS = 1 << 16
+
+
 def graph_hash(program):
     """A name for a traced program's graph: its ops, constants, inputs,
     parameters, loss and outputs. Passes keep it, so weights saved from one
@@ -372,10 +375,14 @@ def graph_hash(program):
     arrays = program.scalar_arrays
     if arrays is not None:
         import numpy as np
-        rows = np.stack([arrays.code.astype(np.int64), arrays.a, arrays.b], axis=1)
-        keep = np.ones(rows.shape, dtype=bool)
-        keep[:, 2] = arrays.b >= 0
-        h.update(rows[keep].tobytes())
+        # (code, a[, b]) of each op, a chunk of ops at a time (no copies of
+        # the whole program: the bytes are the same)
+        for i in range(0, len(arrays.a), HASH_CHUNK_OPS):
+            j = i + HASH_CHUNK_OPS
+            rows = np.stack([arrays.code[i:j].astype(np.int64), arrays.a[i:j], arrays.b[i:j]], axis=1)
+            keep = np.ones(rows.shape, dtype=bool)
+            keep[:, 2] = arrays.b[i:j] >= 0
+            h.update(rows[keep])
         ks = [arrays.k[i] for i in sorted(arrays.k)]
     else:
         flat = array.array('q')
