@@ -70,8 +70,7 @@ static size_t
 hash_address(const PyObject *p)
 {
     uint64_t x = (uint64_t)(uintptr_t)p >> 4;
-    x *= 0x9E3779B97F4A7C15ull;
-    return (size_t)(x ^ (x >> 29));
+    return (size_t)(x ^ (x >> 22));
 }
 
 static Entry *
