@@ -135,13 +135,12 @@ class _Units:
         ends = np.array([program.loss, *program.prefix_sums], dtype=np.int64)
         kind[np.isin(slots[:, 0], ends) & (kind >= 0)] = -1
         cone = np.arange(n) < program.n_grad_ops
-        # what must repeat, packed (4 bits a slot) so that grouping rows is cheap
+        # what must repeat, packed (4 bits a slot, 15 slots a column) so that grouping rows is cheap
         code = cls * 2 + flag
-        code = np.pad(code, ((0, 0), (0, -code.shape[1] % 15)))
-        packed = (code.reshape(n, -1, 15) << (4 * np.arange(15))).sum(axis=2)
-        features = np.column_stack([(kind + 1) | cone << 8 | exponent << 9, packed])
-        _, sig = np.unique(features, axis=0, return_inverse=True)
-        self.sig = np.where(kind >= 0, sig.reshape(-1), -1)
+        packed = [(code[:, c:c + 15] << (4 * np.arange(code[:, c:c + 15].shape[1]))).sum(axis=1)
+                  for c in range(0, code.shape[1], 15)]
+        sig = _row_ranks([(kind + 1) | cone << 8 | exponent << 9, *packed])
+        self.sig = np.where(kind >= 0, sig, -1)
         self.kind, self.slots, self.used = kind, slots, used
 
     def op(self, i, at):
@@ -155,6 +154,18 @@ class _Units:
 
     def width(self, i):
         return int(self.used[i].sum())
+
+
+def _row_ranks(columns):
+    """Each row's rank among the distinct rows of ``columns`` (int64 arrays of
+    one length) in lexicographic order: ``np.unique(np.column_stack(columns),
+    axis=0, return_inverse=True)[1]``, a column at a time (1-d sorts; a sort
+    of rows as bytes is several times slower)."""
+    _, rank = np.unique(columns[0], return_inverse=True)
+    for column in columns[1:]:
+        _, ids = np.unique(column, return_inverse=True)
+        _, rank = np.unique(rank * (int(ids.max(initial=0)) + 1) + ids, return_inverse=True)
+    return rank.reshape(-1)
 
 
 def _first_of_value(program):

@@ -351,3 +351,13 @@ def test_a_program_without_scalar_ops_has_no_dots():
     program = vectorize(trace(sum(ys), inputs=x, params=[p for row in w for p in row], outputs=ys))
     assert len(program.arrays.code) == 0
     assert fuse_dots(program) is program
+
+
+def test_row_ranks_are_numpys_ranks_of_the_rows():
+    from compiler.loops import _row_ranks
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n, k = int(rng.integers(1, 300)), int(rng.integers(1, 4))
+        columns = [rng.integers(-3, int(rng.integers(1, 6)), n) << int(rng.integers(0, 60)) for _ in range(k)]
+        expected = np.unique(np.column_stack(columns), axis=0, return_inverse=True)[1].reshape(-1)
+        assert np.array_equal(_row_ranks(columns), expected)
