@@ -398,9 +398,10 @@ def graph_hash(program):
 
 # Where the analyses' loops over a large program's arrays run in C: a
 # function of the number of ops giving the module with ``mark_readers``,
-# ``mark_operands``, ``cones_hold`` and ``reads_out_of_order`` (the loops of
-# ``needs_grad``, ``_live``, ``prefixes_hold`` and ``reads_out_of_order``,
-# same results), or None for the Python loops. compiler.trace installs
+# ``mark_operands``, ``cones_hold``, ``reads_out_of_order`` and
+# ``loop_periods`` (the loops of ``needs_grad``, ``_live``, ``prefixes_hold``,
+# ``reads_out_of_order`` and ``loops._find_loops``, same results), or None
+# for the Python loops. compiler.trace installs
 # ``walk.native_loops`` (the tracer's C module, loaded anyway for programs
 # that large); ir itself imports nothing.
 _native_loops_of = None
@@ -412,7 +413,8 @@ def use_native_loops(provider):
     _native_loops_of = provider
 
 
-def _native_loops(n_ops):
+def native_loops(n_ops):
+    """The module of C loops for a program of ``n_ops`` ops, or None (the Python loops)."""
     return None if _native_loops_of is None else _native_loops_of(n_ops)
 
 
@@ -441,7 +443,7 @@ def needs_grad(program):
     if program._ops is None and program.arrays is not None:
         # the scalar ops from the arrays, the lifted ones between them (no Op objects)
         arrays, n = program.arrays, program.n_grad_ops
-        native = _native_loops(len(arrays.out))
+        native = native_loops(len(arrays.out))
         out, a, b = _loop_operands(arrays, native)
         done = 0
         for rank, (position, op) in enumerate([*[(i, op) for i, op in program.lifted if i < n], (n, None)]):
@@ -499,7 +501,7 @@ def prefixes_hold(program):
         # one mark array serves every position: a position's ops only read
         # slots written before it, so earlier positions' marks never reach it
         live = bytearray(program.n_slots)
-        native = _native_loops(len(arrays.out))
+        native = native_loops(len(arrays.out))
         out, a, b = _loop_operands(arrays, native)
         if native is not None:
             return native.cones_hold(live, out, a, b, *_int64s(cuts))
@@ -533,7 +535,7 @@ def reads_out_of_order(a, b, pos, matters):
     in op order, that the new positions put the other way round. Three int64
     arrays (slot, earlier reader, later reader), sorted by slot, then reader."""
     import numpy as np
-    native = _native_loops(len(a))
+    native = native_loops(len(a))
     if native is not None:
         found = np.array(native.reads_out_of_order(np.ascontiguousarray(matters, dtype=np.uint8),
                                                    *_int64s(a, b, pos)), dtype=np.int64).reshape(-1, 3)
@@ -570,7 +572,7 @@ def _live(program, roots):
     if program._ops is None and program.arrays is not None:
         # the scalar ops from the arrays, the lifted ones between them (no Op objects)
         arrays = program.arrays
-        native = _native_loops(len(arrays.out))
+        native = native_loops(len(arrays.out))
         out, a, b = _loop_operands(arrays, native)
 
         def mark(start, stop):        # the scalar ops [start, stop), last to first

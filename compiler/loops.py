@@ -45,7 +45,7 @@ import struct
 import numpy as np
 
 from compiler.ir import (OP_CODES, OP_NAMES, Dot, Loop, MatVec, Op, Program, ScalarArrays, Sum, loop_slots,
-                         needs_grad, with_slots)
+                         native_loops, needs_grad, with_slots)
 
 MAX_PERIOD = 32         # ops per body at most
 MAX_TERMS = 32          # terms (products) of a Sum (Dot) a body may hold
@@ -198,11 +198,37 @@ def _find_loops(units):
     n, sig, slots = units.n, units.sig, units.slots
     weights = np.random.default_rng(0).integers(1, 2 ** 63, size=slots.shape[1], dtype=np.uint64) | np.uint64(1)
     hashed = (slots.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
-    starts = np.arange(n)
+    best, best_p = _periods(sig, hashed, min(MAX_PERIOD, n // MIN_ITERATIONS))
+    loops, at = [], 0
+    for s in np.flatnonzero(best >= MIN_OPS).tolist():
+        if s < at:
+            continue
+        p = int(best_p[s])
+        k = _checked(slots, s, p, int(best[s]) // p)
+        if k >= MIN_ITERATIONS and k * p >= MIN_OPS:
+            loops.append((s, p, k))
+            at = s + k * p
+    return loops
+
+
+def _periods(sig, hashed, max_period):
+    """For each op ``s``, the most ops a stretch from it covers (``best``, 0
+    for none) and its period (``best_p``), over the periods up to
+    ``max_period``: op ``j`` repeats op ``j - p`` where their signatures are
+    equal (not -1), its step from it where the hashes' differences are
+    (modulo 2**64); a stretch runs while both hold, for ``MIN_ITERATIONS``
+    periods or more, and ends before an op of signature -1."""
+    n = len(sig)
     loopable_to = _next_false(sig >= 0)
     best = np.zeros(n, dtype=np.int64)
     best_p = np.zeros(n, dtype=np.int64)
-    for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
+    native = native_loops(n)
+    if native is not None:           # the same scan in C (walk.c: loop_periods)
+        native.loop_periods(np.ascontiguousarray(sig, dtype=np.int64), np.ascontiguousarray(hashed, dtype=np.uint64),
+                            loopable_to, best, best_p, max_period, MIN_ITERATIONS)
+        return best, best_p
+    starts = np.arange(n)
+    for p in range(1, max_period + 1):
         same = np.zeros(n, dtype=bool)
         same[p:] = (sig[p:] == sig[:-p]) & (sig[p:] >= 0)
         step = hashed[p:] - hashed[:-p]
@@ -214,16 +240,7 @@ def _find_loops(units):
         cover = np.where((iterations >= MIN_ITERATIONS) & (loopable_to[:n] >= starts + p), iterations * p, 0)
         better = cover > best
         best[better], best_p[better] = cover[better], p
-    loops, at = [], 0
-    for s in np.flatnonzero(best >= MIN_OPS).tolist():
-        if s < at:
-            continue
-        p = int(best_p[s])
-        k = _checked(slots, s, p, int(best[s]) // p)
-        if k >= MIN_ITERATIONS and k * p >= MIN_OPS:
-            loops.append((s, p, k))
-            at = s + k * p
-    return loops
+    return best, best_p
 
 
 def _checked(slots, s, p, k):

@@ -366,3 +366,47 @@ def test_reads_out_of_order_refuses_stray_slots(walker):
     assert walker.reads_out_of_order(np.array([0] * 9 + [1], dtype=np.uint8), a[::-1].copy(), a, pos) == [(9, 0, 1)]
     both = np.array([0, 0], dtype=np.int64)
     assert walker.reads_out_of_order(np.ones(1, dtype=np.uint8), both, both, pos) == [(0, 0, 1)]
+
+
+@pytest.mark.parametrize('seed', range(8))
+def test_the_loop_scan_in_c_finds_the_python_scans_stretches(monkeypatch, walker, seed):
+    from compiler.loops import _Units, _find_loops, fuse_dots
+    from compiler.vectorize import vectorize
+    from tests.test_loops import ELEMENTWISE, _graph
+    rng = random.Random(seed)
+    T, C, H = rng.choice([(3, 4, 1), (4, 8, 2), (6, 8, 4)])
+    programs = [fuse_dots(vectorize(compiler.trace(*_graph(T, C, H, rng.sample(ELEMENTWISE, 4), seed)))),
+                rewired_program(seed)]
+    for program in programs:
+        in_c, in_python = both_loops(monkeypatch, walker, lambda p: _find_loops(_Units(p)), program)
+        assert in_c == in_python
+    assert in_c == [] or seed % 2       # (the random program: no stretch, or one by chance)
+    assert both_loops(monkeypatch, walker, lambda p: _find_loops(_Units(p)), programs[0])[0]
+
+
+def test_loop_periods_refuses_arrays_of_other_lengths(walker):
+    n = 5
+    sig, hashed = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.uint64)
+    best, best_p = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    with pytest.raises(ValueError, match='n \\+ 1'):
+        walker.loop_periods(sig, hashed, np.zeros(n, dtype=np.int64), best, best_p, 1, 3)
+    walker.loop_periods(sig, hashed, np.full(n + 1, n, dtype=np.int64), best, best_p, 1, 3)
+    assert best.tolist() == [5, 4, 3, 0, 0] and best_p.tolist() == [1, 1, 1, 0, 0]
+
+
+@pytest.mark.parametrize('seed', range(20))
+def test_the_period_scan_in_c_gives_the_python_scans_stretches(monkeypatch, walker, seed):
+    # periodic signatures and steps, each broken here and there on its own
+    from compiler.loops import _periods
+    rng = np.random.default_rng(seed)
+    n, period = int(rng.integers(10, 400)), int(rng.integers(1, 6))
+    j = np.arange(n)
+    sig = np.where(rng.random(n) < 0.03, rng.integers(-1, 3, n), j % period)
+    sig[n // 2:n // 2 + 4 * period] = -1        # ops never in a loop, however regular
+    hashed = (j // period * 1000 + j % period).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    broken = rng.random(n) < 0.03
+    hashed[broken] += rng.integers(1, 1 << 62, int(broken.sum()), dtype=np.uint64)
+    in_c, in_python = both_loops(monkeypatch, walker, lambda _: [x.tolist() for x in _periods(sig, hashed, 8)],
+                                 None)
+    assert in_c == in_python
+    assert max(in_c[0]) >= 3 * period

@@ -575,7 +575,7 @@ leaves_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- loops of the passes over the program's arrays ------------------------
  *
- * Four loops the passes run over every scalar op of a large program, here
+ * Five loops the passes run over every scalar op of a large program, here
  * because Python spends about 0.1 us an op on them (compiler/ir.py holds
  * their Python twins, which run for small programs and without C). Their
  * arrays arrive as buffers: ``flags`` / ``live`` one byte a slot, writable;
@@ -791,6 +791,80 @@ done:
     return found;
 }
 
+/* loop_periods(sig, hashed, loopable_to, best, best_p, max_period,
+   min_iterations) -> None: ``loops._find_loops``'s scan over the periods
+   p = 1..max_period, with its arrays (int64; hashed uint64; n ops,
+   loopable_to n + 1): op j repeats op j - p where sig[j] == sig[j - p] >= 0,
+   and its step repeats where hashed[j] - hashed[j - p] == hashed[j - p] -
+   hashed[j - 2p] (mod 2**64); a stretch from s runs while both hold (from s +
+   p and s + 2p on); where it covers min_iterations periods or more, within
+   loopable_to[s], and more ops than best[s] so far, best[s] and best_p[s]
+   take it. */
+static PyObject *
+loop_periods(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "loop_periods(sig, hashed, loopable_to, best, best_p, max_period, min_iterations)");
+        return NULL;
+    }
+    const long max_period = PyLong_AsLong(args[5]), min_iterations = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer v[5];
+    int held = 0, ok = 0;
+    int64_t *same_to = NULL, *step_to = NULL;
+    for (; held < 5; held++)
+        if (PyObject_GetBuffer(args[held], &v[held], held >= 3 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+            goto done;
+    const Py_ssize_t len = v[0].len;
+    if (len % 8 || v[1].len != len || v[2].len != len + 8 || v[3].len != len || v[4].len != len
+            || max_period < 0 || min_iterations < 1) {
+        PyErr_SetString(PyExc_ValueError, "loop_periods: n ops in sig, hashed, best and best_p, n + 1 in "
+                        "loopable_to (int64), a period and iterations >= 1");
+        goto done;
+    }
+    const int64_t n = (int64_t)(len / 8);
+    const int64_t *sig = v[0].buf, *loopable_to = v[2].buf;
+    const uint64_t *hashed = v[1].buf;
+    int64_t *best = v[3].buf, *best_p = v[4].buf;
+    same_to = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    step_to = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (same_to == NULL || step_to == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int64_t p = 1; p <= max_period; p++) {
+        /* same_to[j], step_to[j]: the first index >= j where the op (its step) does not repeat */
+        same_to[n] = step_to[n] = n;
+        for (int64_t j = n - 1; j >= 0; j--) {
+            const int same = j >= p && sig[j] == sig[j - p] && sig[j] >= 0;
+            const int step = j >= 2 * p && hashed[j] - hashed[j - p] == hashed[j - p] - hashed[j - 2 * p];
+            same_to[j] = same ? same_to[j + 1] : j;
+            step_to[j] = step ? step_to[j + 1] : j;
+        }
+        for (int64_t s = 0; s < n; s++) {
+            const int64_t a = same_to[s + p < n ? s + p : n], b = step_to[s + 2 * p < n ? s + 2 * p : n];
+            const int64_t iterations = ((a < b ? a : b) - s) / p;
+            const int64_t cover = iterations >= min_iterations && loopable_to[s] >= s + p ? iterations * p : 0;
+            if (cover > best[s]) {
+                best[s] = cover;
+                best_p[s] = p;
+            }
+        }
+    }
+    ok = 1;
+done:
+    free(same_to);
+    free(step_to);
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&v[i]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
              "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
              "or None where the Python walk must read the graph.");
@@ -802,6 +876,7 @@ static PyMethodDef walk_methods[] = {
     {"cones_hold", (PyCFunction)(void (*)(void))cones_hold, METH_FASTCALL, NULL},
     {"mark_operands", (PyCFunction)(void (*)(void))mark_operands, METH_FASTCALL, NULL},
     {"reads_out_of_order", (PyCFunction)(void (*)(void))reads_out_of_order, METH_FASTCALL, NULL},
+    {"loop_periods", (PyCFunction)(void (*)(void))loop_periods, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
