@@ -248,9 +248,14 @@ class Program:
     @property
     def ops(self):
         if self._ops is None:
-            ops = self.arrays.ops() if self.arrays is not None else []
-            for i, op in self.lifted:
-                ops.insert(i, op)
+            scalar = self.arrays.ops() if self.arrays is not None else []
+            ops, taken = [], 0
+            for i, op in self.lifted:       # op goes to index i: the scalar ops before it first
+                more = scalar[taken:taken + i - len(ops)]
+                ops += more
+                taken += len(more)
+                ops.append(op)
+            ops += scalar[taken:]
             self._ops = ops
         return self._ops
 
