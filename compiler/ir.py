@@ -645,8 +645,15 @@ class Loop:
         return out
 
     def _all(self, first, last):
-        return [slot + i * step[j] for i in range(self.n) for op, step in zip(self.body, self.steps)
-                for j, slot in enumerate(loop_slots(op)) if first <= j < last]
+        """Slots ``first`` to ``last - 1`` of each body op in every iteration, in order."""
+        import numpy as np
+        base, step = [], []
+        for op, steps in zip(self.body, self.steps):
+            slots = loop_slots(op)[first:last]
+            base += slots
+            step += steps[first:first + len(slots)]
+        i = np.arange(self.n, dtype=np.int64)[:, None]
+        return (np.array(base, dtype=np.int64) + i * np.array(step, dtype=np.int64)).ravel().tolist()
 
     @property
     def reads(self):

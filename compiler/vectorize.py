@@ -615,6 +615,14 @@ def _gradient_order_breaks(g, schedule, rep_of, lifted):
     return breaks
 
 
+def _moved_labels(labels, new):
+    """``labels`` (slot -> label) at their slots ``new[slot]``, without those eliminated (-1)."""
+    if not labels:
+        return {}
+    moved = new[np.fromiter(labels, dtype=np.int64, count=len(labels))].tolist()
+    return {s: label for s, label in zip(moved, labels.values()) if s >= 0}
+
+
 # -- 5. renumber -------------------------------------------------------------------
 
 def _renumber(program, g, schedule, rep_of, lifted, layers):
@@ -700,8 +708,7 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
                    outputs=tuple(new[np.array(program.outputs, dtype=np.int64)].tolist()),
                    passes=program.passes + ('vectorize',), slot_map=slot_map, param_order=param_slots,
                    graph_hash=program.graph_hash, input_grads=program.input_grads,
-                   labels={slot_map[s]: label for s, label in (program.labels or {}).items()
-                           if slot_map[s] is not None},
+                   labels=_moved_labels(program.labels, new),
                    prefix_sums=tuple(new[np.array(program.prefix_sums, dtype=np.int64)].tolist()))
     out.known_needs_grad = flags.tobytes()
     return out
