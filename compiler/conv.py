@@ -39,7 +39,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import Conv, MatVec, OP_CODES, Program, ScalarArrays, SlotMap, Sum, needs_grad
+from compiler.ir import Conv, MatVec, OP_CODES, Program, ScalarArrays, SlotMap, Sum, moved_labels, needs_grad
 
 _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 
@@ -432,7 +432,7 @@ def _rebuild(g, layers, order):
                   outputs=tuple(int(new[s]) for s in program.outputs),
                   passes=program.passes + ('conv',), slot_map=slot_map, param_order=program.param_order,
                   graph_hash=program.graph_hash, input_grads=program.input_grads,
-                  labels={int(new[s]): label for s, label in (program.labels or {}).items() if new[s] >= 0},
+                  labels=moved_labels(program.labels, new),
                   prefix_sums=program.prefix_sums)
     out.known_needs_grad = flags.tobytes()
     return out

@@ -214,6 +214,16 @@ class SlotMap:
         return SlotMap(np.where(self.array >= 0, new[self.array], -1))
 
 
+def moved_labels(labels, new):
+    """``labels`` (slot -> label) at their slots ``new[slot]`` after a
+    renumbering pass (``new``: int64 array), without those eliminated (-1)."""
+    if not labels:
+        return {}
+    import numpy as np
+    moved = new[np.fromiter(labels, dtype=np.int64, count=len(labels))].tolist()
+    return {s: label for s, label in zip(moved, labels.values()) if s >= 0}
+
+
 class Program:
     """A traced program (see the module's docstring for its slots). ``ops`` is
     the list of ops; a program from ``trace`` or a pass holds its scalar ops
@@ -406,9 +416,9 @@ def graph_hash(program):
 # ``mark_operands``, ``cones_hold``, ``reads_out_of_order`` and
 # ``loop_periods`` (the loops of ``needs_grad``, ``_live``, ``prefixes_hold``,
 # ``reads_out_of_order`` and ``loops._find_loops``, same results), or None
-# for the Python loops. compiler.trace installs
-# ``walk.native_loops`` (the tracer's C module, loaded anyway for programs
-# that large); ir itself imports nothing.
+# for the Python loops. compiler.trace installs ``walk.native_loops`` (the
+# tracer's C module, loaded anyway for programs that large); ir itself
+# imports nothing.
 _native_loops_of = None
 
 

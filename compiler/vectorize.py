@@ -41,8 +41,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, needs_grad,
-                        prefixes_hold, reads_out_of_order)
+from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, moved_labels,
+                        needs_grad, prefixes_hold, reads_out_of_order)
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -596,10 +596,11 @@ def _gradient_order_breaks(g, schedule, rep_of, lifted):
     position = np.empty(cone, dtype=np.int64)
     position[schedule] = np.arange(len(schedule))
     matters = (g.uses > 1) & g.needs       # slots whose readers' order counts
-    if np.array_equal(schedule, np.flatnonzero(rep_of == np.arange(cone))):
+    own = rep_of == np.arange(cone)        # ops that are their own unit
+    if np.array_equal(schedule, np.flatnonzero(own)):
         # units in their own order: only a read by an absorbed op can move
         # after a later one (to its unit), so only slots such reads reach matter
-        moved = rep_of != np.arange(cone)
+        moved = ~own
         reached = np.zeros(len(matters) + 1, dtype=bool)   # [-1]: no operand
         reached[g.a[:cone][moved]] = True
         reached[g.b[:cone][moved]] = True
@@ -613,14 +614,6 @@ def _gradient_order_breaks(g, schedule, rep_of, lifted):
             if unit in lifted:
                 breaks.setdefault(unit, (slot, other))
     return breaks
-
-
-def _moved_labels(labels, new):
-    """``labels`` (slot -> label) at their slots ``new[slot]``, without those eliminated (-1)."""
-    if not labels:
-        return {}
-    moved = new[np.fromiter(labels, dtype=np.int64, count=len(labels))].tolist()
-    return {s: label for s, label in zip(moved, labels.values()) if s >= 0}
 
 
 # -- 5. renumber -------------------------------------------------------------------
@@ -708,7 +701,7 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
                    outputs=tuple(new[np.array(program.outputs, dtype=np.int64)].tolist()),
                    passes=program.passes + ('vectorize',), slot_map=slot_map, param_order=param_slots,
                    graph_hash=program.graph_hash, input_grads=program.input_grads,
-                   labels=_moved_labels(program.labels, new),
+                   labels=moved_labels(program.labels, new),
                    prefix_sums=tuple(new[np.array(program.prefix_sums, dtype=np.int64)].tolist()))
     out.known_needs_grad = flags.tobytes()
     return out

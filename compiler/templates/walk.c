@@ -724,9 +724,10 @@ cones_hold(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* reads_out_of_order(matters, a, b, pos) -> [(slot, earlier, later)]: for
-   each slot s with matters[s] (one byte a slot), its readers in op order
-   (op i reads a[i], then b[i]; a negative slot is no operand), each pair of
-   consecutive readers whose new positions pos[] decrease
+   each slot s with matters[s] (one byte a slot, taken writable as the other
+   loops' marks are, only read), its readers in op order (op i reads a[i],
+   then b[i]; a negative slot is no operand), each pair of consecutive
+   readers whose new positions pos[] decrease
    (``ir.reads_out_of_order``'s loop: a dict-free scan where Python sorts). */
 static PyObject *
 reads_out_of_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -736,20 +737,14 @@ reads_out_of_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "reads_out_of_order(matters, a, b, pos)");
         return NULL;
     }
-    Py_buffer v[4];
-    int held = 0;
+    Buffers b;
+    if (buffers_get(&b, args, 4, 0) < 0)
+        return NULL;
     PyObject *found = NULL;
     int64_t *last = NULL;
-    for (; held < 4; held++)
-        if (PyObject_GetBuffer(args[held], &v[held], PyBUF_SIMPLE) < 0)
-            goto done;
-    if (v[1].len % 8 || v[1].len != v[2].len || v[1].len != v[3].len) {
-        PyErr_SetString(PyExc_ValueError, "reads_out_of_order: a, b and pos must be int64 arrays of one length");
-        goto done;
-    }
-    const unsigned char *matters = v[0].buf;
-    const int64_t *x = v[1].buf, *y = v[2].buf, *pos = v[3].buf;
-    const int64_t n_slots = (int64_t)v[0].len, n_ops = (int64_t)(v[1].len / 8);
+    const unsigned char *matters = b.view[0].buf;
+    const int64_t *x = b.view[1].buf, *y = b.view[2].buf, *pos = b.view[3].buf;
+    const int64_t n_slots = (int64_t)b.view[0].len, n_ops = (int64_t)(b.view[1].len / 8);
     last = malloc(sizeof(int64_t) * (size_t)(n_slots ? n_slots : 1));
     found = PyList_New(0);
     if (last == NULL || found == NULL) {
@@ -786,8 +781,7 @@ reads_out_of_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
 done:
     free(last);
-    for (int i = 0; i < held; i++)
-        PyBuffer_Release(&v[i]);
+    buffers_release(&b);
     return found;
 }
 
