@@ -21,26 +21,26 @@ pytestmark = needs_cc
 CONFIG = Config(vocab_size=5, n_embd=8, n_layer=2, n_head=2, block_size=4)
 
 
-def gpt_case(seed=0):
+def gpt_case(seed=0, config=CONFIG):
     """A tiny microgpt: its weights, and ``graph(n, row)``: the interpreter's
     graph of ``n`` positions for a row of one-hot inputs (``row=None``: the
     placeholders to compile), with its fresh parameter Values."""
-    weights = init_weights(CONFIG, random.Random(seed))
+    weights = init_weights(config, random.Random(seed))
 
     def graph(n, tokens=None):
         sd, params = value_weights(weights)
-        return sequence_graph(sd, CONFIG, n, tokens), params
+        return sequence_graph(sd, config, n, tokens), params
     return weights, graph
 
 
-def random_tokens(rng, n):
-    return [rng.randrange(CONFIG.vocab_size) for _ in range(n + 1)]
+def random_tokens(rng, n, config=CONFIG):
+    return [rng.randrange(config.vocab_size) for _ in range(n + 1)]
 
 
-def one_hot_row(tokens):
+def one_hot_row(tokens, config=CONFIG):
     """The compiled model's input row of a name's ``tokens``: its first
     positions' one-hot tokens, then their targets (the next tokens)."""
-    T, V = CONFIG.block_size, CONFIG.vocab_size
+    T, V = config.block_size, config.vocab_size
     row = [0.0] * (2 * T * V)
     for t in range(len(tokens) - 1):
         row[t * V + tokens[t]] = 1.0
@@ -48,18 +48,18 @@ def one_hot_row(tokens):
     return row
 
 
-def compile_gpt(graph, cc, **kwargs):
-    g, params = graph(CONFIG.block_size)
+def compile_gpt(graph, cc, config=CONFIG, **kwargs):
+    g, params = graph(config.block_size)
     return compiler.compile(g.losses, g.inputs, params, outputs=[z for row in g.logits for z in row],
                             cc=cc, **kwargs)
 
 
-def assert_positions_match(m, graph, rng, ns):
+def assert_positions_match(m, graph, rng, ns, config=CONFIG):
     """forward(n), the outputs, backward: the interpreter's bits, for each n."""
-    T, V = CONFIG.block_size, CONFIG.vocab_size
+    V = config.vocab_size
     for n in ns:
-        tokens = random_tokens(rng, n)
-        row = one_hot_row(tokens)
+        tokens = random_tokens(rng, n, config)
+        row = one_hot_row(tokens, config)
         g, params = graph(n, tokens)
         loss = (1 / n) * sum(g.losses)
         loss.backward()

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from compiler.codegen import blob, loops, shared_grads, table
+from compiler.codegen import blob, loops, rolled, shared_grads, table
 from compiler.codegen.conv import ConvRenderer
 from compiler.codegen.layout import Layout
 from compiler.codegen.matmat import MatMatRenderer
@@ -30,13 +30,16 @@ class _Functions:
         self.prototypes = []
         self.count = 0
 
-    def define(self, kind, params, lines):
-        """A function running ``lines`` on one row; returns its name."""
+    def define(self, kind, params, lines, preamble=()):
+        """A function running ``lines`` on one row; returns its name.
+        ``preamble``: C declarations (file scope) it alone reads, placed just
+        before it (in its translation unit; it must fit one chunk)."""
         self.count += 1
         name = f'seg{self.count}_{kind}'
         if len(lines) <= CHUNK:
-            self._function(name, params, lines)
+            self._function(name, params, lines, preamble)
             return name
+        assert not preamble
         calls = []
         for n, start in enumerate(range(0, len(lines), CHUNK)):
             self._function(f'{name}_{n}', params, lines[start:start + CHUNK])
@@ -45,11 +48,11 @@ class _Functions:
         self.definitions.append((0, '\n'.join([f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{', *calls, '}\n'])))
         return name
 
-    def _function(self, name, params, lines):
+    def _function(self, name, params, lines, preamble=()):
         self.prototypes.append(f'HIDDEN void {name}({params[0]});')
         # a loop or a fold is one item of several lines: count its lines
         self.definitions.append((sum(line.count('\n') + 1 for line in lines), '\n'.join([
-            f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{',
+            *preamble, f'HIDDEN NOINLINE void\n{name}({params[0]})\n{{',
             '    ' + '\n'.join(lines).replace('\n', '\n    '), '}\n'])))
 
     @property
@@ -170,6 +173,7 @@ class _Program:
         self.matmats = MatMatRenderer(program, self.layout, self.flags, self.matvecs)
         self.convs = ConvRenderer(program, self.layout, self.flags)
         self.functions = _Functions()
+        self._tables = 0        # the position loops' tables of moves (rolled.template)
         # a sequence's positions: ops[:cuts[n - 1] + 1] compute the first n
         self.cuts = prefix_cuts(program) if program.prefix_sums else []
         # a large scalar remainder runs from an op table (compiler/codegen/table.py)
@@ -225,15 +229,21 @@ class _Program:
     def _scalar_functions(self, run, forward):
         """The names of the per-row functions that run ``run`` in one
         direction, defined (none for a part without gradient statements)."""
-        names = []
-        for part in loops.function_runs(run):
-            if forward:
-                names.append(self.functions.define('forward', FORWARD_PARAMS, loops.forward_lines(part, self.scalar)))
-            else:
-                lines = loops.backward_lines(part, self.scalar, self.flags)
-                if lines:
-                    names.append(self.functions.define('backward', BACKWARD_PARAMS, lines))
-        return names
+        return self._defined(self._statements(run, forward), forward)
+
+    def _statements(self, run, forward):
+        """The statements of each per-row function of ``run`` (scalar ops,
+        in the order to run) in one direction: ``loops.function_runs``."""
+        parts = loops.function_runs(run)
+        if forward:
+            return [loops.forward_lines(part, self.scalar) for part in parts]
+        return [loops.backward_lines(part, self.scalar, self.flags) for part in parts]
+
+    def _defined(self, statements, forward):
+        """The names of per-row functions of ``statements`` (one list each),
+        defined; none for an empty list (a part without gradients)."""
+        kind, params = ('forward', FORWARD_PARAMS) if forward else ('backward', BACKWARD_PARAMS)
+        return [self.functions.define(kind, params, lines) for lines in statements if lines]
 
     def _matvec_step(self, op, forward):
         """The call running a ``MatVec`` in one direction (none backward
@@ -408,8 +418,8 @@ class _Program:
         position runs, each op over positions on the positions run; then,
         for fewer positions than all, the loss from their partial sum."""
         lay, T, out = self.layout, len(self.cuts), []
-        for start, end, p in self.program.position_runs:
-            out += _when_position(p, self._steps(ops[start:end], 'forward'))
+        for group in _position_groups(self.program.position_runs):
+            out += self._group_steps([ops[start:end] for start, end, _ in group], group[0][2], True)
         loss = lay.row_index(self.program.loss)
         sums_at = [lay.row_index(s) for s in self.program.prefix_sums]
         return out + [f'if (b->upto < {T}) {{   /* the first n positions: loss = (1 / n) * their sum */',
@@ -427,9 +437,80 @@ class _Program:
                f'if (b->upto < {T})   /* d loss / d sum = 1 / n (the loss is (1 / n) * sum) */',
                f'    for (int r = r0; r < r1; r++) ROW(b->g, r)[prefix[b->upto - 1]] += '
                f'(1.0 / b->upto) * ROW(b->g, r)[{loss}];']
-        for start, end, p in reversed(self.program.position_runs):
-            out += _when_position(p, self._steps(list(reversed(grad_ops[start:end])), 'backward'))
+        for group in reversed(_position_groups(self.program.position_runs)):
+            out += self._group_steps([list(reversed(grad_ops[start:end])) for start, end, _ in group],
+                                     group[0][2], False)
         return out
+
+    def _group_steps(self, runs, p0, forward):
+        """The steps of ``runs``, the runs of positions ``p0``, ``p0 + 1``, ...
+        (each its ops in the order to run; a ``MatMat``'s run alone, ``p0``
+        -1): where consecutive positions' C is the same function of the
+        position (compiler/codegen/rolled.py), one loop over them; each other
+        run when its position runs. Backward (``forward`` False), the last
+        position first."""
+        direction, pos = ('forward' if forward else 'backward'), rolled.POS
+        kind, params = ('forward', FORWARD_PARAMS) if forward else ('backward', BACKWARD_PARAMS)
+        with_pos = (params[0] + f', int {pos}', params[1] + f', {pos}')   # the functions of a stretch
+        statements = self._scalar_statements(runs, forward) if p0 >= 0 else None
+        if statements is None:
+            pieces = [_when_position(p0 + i if p0 >= 0 else -1, self._steps(run, direction))
+                      for i, run in enumerate(runs)]
+            return [step for steps in (pieces if forward else reversed(pieces)) for step in steps]
+        pieces = []         # the steps of each stretch of positions, in position order
+        for first, last, bodies in self._stretches(statements):
+            if bodies is None:          # a position alone
+                pieces.append(_when_position(p0 + first, [
+                    f'for (int r = r0; r < r1; r++) {name}({table.ROW_ARGS[forward]});'
+                    for name in self._defined(statements[first], forward)]))
+                continue
+            a, b = p0 + first, p0 + last
+            calls = [f'    for (int r = r0; r < r1; r++) {self.functions.define(kind, with_pos, body, decls)}'
+                     f'({table.ROW_ARGS[forward]}, {pos});' for body, decls in bodies]
+            if forward:
+                head = f'for (int {pos} = {a}; {pos} <= {b} && {pos} < b->upto; {pos}++) {{'
+            else:
+                head = f'for (int {pos} = (b->upto <= {b} ? b->upto - 1 : {b}); {pos} >= {a}; {pos}--) {{'
+            pieces.append([head + f'   /* positions {a}..{b} */', *calls, '}'])
+        return [step for steps in (pieces if forward else reversed(pieces)) for step in steps]
+
+    def _scalar_statements(self, runs, forward):
+        """``statements[t][j]``: the statements of run ``t``'s ``j``-th
+        function (``loops.function_runs``), when there are two or more runs
+        of scalar ops only, outside the op table, each function within one
+        chunk; else None."""
+        if len(runs) < 2 or self.table is not None or \
+                any(type(op) in (MatVec, MatMat, Conv) for run in runs for _, op in run):
+            return None
+        statements = [self._statements([op for _, op in run], forward) for run in runs]
+        if any(len(lines) > CHUNK for functions in statements for lines in functions):
+            return None
+        return statements
+
+    def _stretches(self, statements):
+        """The runs as stretches ``(first, last, bodies)`` of consecutive
+        positions whose C differs in its integers only: ``bodies`` the
+        stretch's functions of the position, ``(statements, table
+        declarations)`` each (rolled.template); None for a position alone."""
+        splits = [[rolled.split(_JOIN.join(lines)) for lines in functions] for functions in statements]
+        shapes = [[pieces for pieces, _ in functions] for functions in splits]
+        stretches, first = [], 0
+        for i in range(1, len(splits) + 1):
+            if i < len(splits) and shapes[i] == shapes[first]:
+                continue
+            if i - first >= 2:
+                bodies = [rolled.template([t[j] for t in splits[first:i]], first, self._table_name)
+                          for j in range(len(splits[first])) if statements[first][j]]
+                stretches.append((first, i - 1, [(body.split(_JOIN), decls) for body, decls in bodies]))
+            else:
+                stretches.append((first, first, None))
+            first = i
+        return stretches
+
+    def _table_name(self, _):
+        """A new name for a table of a position loop's moves."""
+        self._tables += 1
+        return f'pos_moves{self._tables}'
 
     def param_grads(self):
         """``param_grads``: this part's share of the parameter gradients
@@ -521,6 +602,24 @@ class _Program:
                        work_per_row=max(1, work), positions=len(self.cuts),
                        weight_spans=weight_spans, other_spans=other_spans)
         return '\n'.join(out), numbers
+
+
+# joins a function's statements into one text for rolled.template (no C holds it)
+_JOIN = '\x00'
+
+
+def _position_groups(runs):
+    """``Program.position_runs`` cut into groups of runs of consecutive
+    positions from 0 (one stage's scalar code, position by position); a
+    ``MatMat``'s run (position -1) and any other run make a group alone."""
+    groups = []
+    for run in runs:
+        p = run[2]
+        if groups and p > 0 and groups[-1][-1][2] == p - 1:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+    return groups
 
 
 def _when_position(p, steps):
