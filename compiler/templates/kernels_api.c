@@ -56,6 +56,8 @@ struct MatVecKernels {
     void (*bgw)(int R, int C, int n, const double *const *xrow, const double *const *gyrow, double *GW,
                 long ldgw, const int *groups, int g0, int g1, int p0, int p1, void *scratch);
     void (*bgh)(int R, int n, const double *const *gyrow, double *GH);
+    int (*pack_fwd)(const double *wt, int R, int C, int RP, double *wp);
+    void (*pack_bgx)(const double *wt, const int *perm, int R, int C, int RP, double *wq);
 };
 
 HIDDEN int mv_all_finite(const double *v, long n);

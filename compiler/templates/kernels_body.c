@@ -616,7 +616,89 @@ ISA(mv_bgh)(int R, int n_rows, const double *const *gyrow, double *GH)
     }
 }
 
-static const MatVecKernels ISA(kernels) = {MV_STR(MV_ISA), ISA(mv_fwd), ISA(mv_bgx), ISA(mv_bgw), ISA(mv_bgh)};
+/* The packed copies of W (kernels_api.c's layouts), refreshed after every
+ * change of the weights: copies, so every instruction set gives the same
+ * panels. The forward panels from W by column, each column's neurons
+ * side by side (a copy the compiler vectorizes); returns whether every
+ * weight copied is finite (w - w is 0 for a finite w only). */
+static int
+ISA(pack_fwd)(const double *wt, int R, int C, int RP, double *wp)
+{
+    const int R8 = (R + 7) & ~7;
+    int finite = 1;
+    for (int n0 = 0; n0 < R8; n0 += MV_PW) {
+        const int nw = mv_min(MV_PW, R8 - n0), real = mv_min(nw, R - n0);
+        double *q = wp + (size_t)n0 * C;
+        for (int k = 0; k < C; k++) {
+            const double *RESTRICT w = wt + (size_t)k * RP + n0;
+            double *RESTRICT out = q + (size_t)k * nw;
+            int ok = 1;
+            for (int i = 0; i < real; i++) {
+                out[i] = w[i];
+                ok &= w[i] - w[i] == 0.0;
+            }
+            for (int i = real; i < nw; i++)
+                out[i] = 0.0;
+            finite &= ok;
+        }
+    }
+    return finite;
+}
+
+/* Input-gradient panels: panels of 64 inputs, W's rows in the backward
+ * order perm: wq[64q*R + j*nw + i] = W[perm[j]][64q + i]. Eight rows
+ * j0..j0+7 at a time: where perm gives them 8 neighbouring rows of W (in
+ * any order: backward orders run down a layer), each 8 inputs of those rows
+ * are one 8 x 8 transpose in registers (AVX-512), else one weight at a
+ * time. W is read by column, a column's 8 rows one cache line or two. */
+static void
+ISA(pack_bgx)(const double *wt, const int *perm, int R, int C, int RP, double *wq)
+{
+    const int C8 = (C + 7) & ~7;
+    for (int k0 = 0; k0 < C8; k0 += MV_PW) {
+        const int nw = mv_min(MV_PW, C8 - k0), real = mv_min(nw, C - k0);
+        double *q = wq + (size_t)k0 * R;
+        for (int j0 = 0; j0 < R; j0 += 8) {
+            const int je = mv_min(8, R - j0);
+            int i0 = 0;
+#if MV_LEVEL == 2 && defined(__x86_64__)
+            /* out[d]: where W's row base + d goes, when rows j0..j0+7 are base..base+7 */
+            int base = perm[j0], out[8];
+            unsigned seen = 0;
+            for (int l = 1; l < je; l++)
+                base = mv_min(base, perm[j0 + l]);
+            for (int l = 0; l < je; l++) {
+                const int d = perm[j0 + l] - base;
+                if (d > 7 || (seen >> d & 1u))
+                    break;
+                seen |= 1u << d;
+                out[d] = j0 + l;
+            }
+            if (je == 8 && seen == 0xffu)
+                for (; i0 + 8 <= real; i0 += 8) {
+                    const double *cols[8];
+                    __m512d t[8];
+                    for (int c = 0; c < 8; c++)
+                        cols[c] = wt + (size_t)(k0 + i0 + c) * RP + base;
+                    ISA(transpose8)(cols, 0, t);        /* t[d]: row base + d, inputs i0..i0+7 */
+                    for (int d = 0; d < 8; d++)
+                        _mm512_storeu_pd(q + (size_t)out[d] * nw + i0, t[d]);
+                }
+#endif
+            for (int l = 0; l < je; l++) {
+                double *row = q + (size_t)(j0 + l) * nw;
+                const double *w = wt + perm[j0 + l];
+                for (int i = i0; i < real; i++)
+                    row[i] = w[(size_t)(k0 + i) * RP];
+                for (int i = real; i < nw; i++)
+                    row[i] = 0.0;
+            }
+        }
+    }
+}
+
+static const MatVecKernels ISA(kernels) = {MV_STR(MV_ISA), ISA(mv_fwd), ISA(mv_bgx), ISA(mv_bgw), ISA(mv_bgh),
+                                           ISA(pack_fwd), ISA(pack_bgx)};
 
 #undef VEC
 #undef V8
