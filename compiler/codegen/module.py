@@ -127,15 +127,15 @@ def _runs(program, layout):
     return runs
 
 
-def _output_positions(program, cuts, part):
+def _output_positions(program, cuts, part, at):
     """For each output, the position of a sequence from which forward
     computes it (ops[:cuts[n - 1] + 1] run for n positions; after the last
     cut: only all of them), 0 when every forward does (a leaf, the loss).
-    ``part``: the program's ``layout.ScalarPart`` (where the scalar ops are)."""
+    ``part``: the program's ``layout.ScalarPart`` (where the scalar ops are);
+    ``at``: ``positions_of_writes`` of a program scheduled layer by layer."""
     if not cuts:
         return [0] * len(program.outputs)
     if program.position_runs is not None:     # scheduled layer by layer (compiler/positions.py)
-        at = positions_of_writes(program)
         return [0 if s == program.loss or s not in at else at[s] + 1 for s in program.outputs]
     at = {slot: i for i, op in part.lifted for slot in op.writes}
     # (the scalar ops' outputs, indexed by slot: a pass may leave them in any order)
@@ -150,6 +150,26 @@ def _output_positions(program, cuts, part):
             return 0
         return next((n for n, cut in enumerate(cuts, 1) if at[slot] <= cut), len(cuts))
     return [position(s) for s in program.outputs]
+
+
+def _gradient_ends(program, layout, cuts, at):
+    """``GRAD_ZERO[n]``: a backward over ``n`` positions adds into the row's
+    gradients below it (and into the contributions): the gradients of the
+    values that the ops of the positions run write (``at``, for a program
+    scheduled layer by layer: its ops read only what earlier positions'
+    write) and of the inputs. The layout puts values in the order traced,
+    position by position, so that is a prefix of the row. Every entry is
+    the row's values' end where that is not known (index 0 unused)."""
+    ends = np.full(len(cuts) + 1, layout.n_row, dtype=np.int64)
+    if not cuts or program.position_runs is None or not at:
+        return ends.tolist()
+    slots = np.fromiter(at.keys(), dtype=np.int64, count=len(at))
+    position = np.fromiter(at.values(), dtype=np.int64, count=len(at))
+    row = (slots < program.n_inputs) | (slots >= program.n_leaves)
+    last = np.full(len(cuts), program.n_inputs, dtype=np.int64)      # past each position's last value
+    np.maximum.at(last, position[row], layout.loc[slots[row]] + 1)
+    ends[1:] = np.maximum.accumulate(last)
+    return ends.tolist()
 
 
 def _table(ctype, name, values):
@@ -234,11 +254,13 @@ def emit_module(program, optimizer=None, initial_params=None):
     numbers_c = _defines_c(defines)
     if optimizer_defines:
         numbers_c += '\n' + optimizer_defines
+    at = positions_of_writes(program) if prog.cuts and program.position_runs is not None else None
     tables = [_table('int', 'PARAM_RUNS[N_PARAM_RUNS][5]', runs),
               _table('int', 'OUTPUT_AT[]', [str(layout.row_index(s)) if layout.is_row(s)
                                            else str(-layout.shared_index(s) - 1) for s in program.outputs]),
               _table('int', 'OUTPUT_POSITION[]',
-                     [str(n) for n in _output_positions(program, prog.cuts, layout.scalar_part)]),
+                     [str(n) for n in _output_positions(program, prog.cuts, layout.scalar_part, at)]),
+              _table('int', 'GRAD_ZERO[]', [str(n) for n in _gradient_ends(program, layout, prog.cuts, at)]),
               _table('int', 'FEATURES[]', [str(f) for f in feats]),
               _table('int', 'ROW_INPUT_RUNS[][2]', [f'{{{k}, {n}}}' for k, n in row_inputs] or ['{0, 0}']),
               *[_table('int', f'{name}[][2]', [f'{{{lo}, {hi}}}' for lo, hi in numbers[key]] or ['{0, 0}'])

@@ -152,8 +152,12 @@ nn_backward(void *state)
     Block b = block_of(st, st->one_v, st->one_g);
     b.input_grads = 1;
     b.upto = st->upto;
-    /* the inputs' gradients accumulate, like the parameters'; the rest start at 0 */
-    memset(st->one_g + N_INPUTS, 0, sizeof(double) * (ROW_STRIDE - N_INPUTS));
+    /* the inputs' gradients accumulate, like the parameters'; the rest start
+     * at 0: the ones of the positions run (all of them but in a sequence) and
+     * the contributions (the others are read by no one) */
+    const int end = POSITIONS > 0 ? GRAD_ZERO[b.upto] : ROW_VALUES;
+    memset(st->one_g + N_INPUTS, 0, sizeof(double) * (end - N_INPUTS));
+    memset(st->one_g + ROW_VALUES, 0, sizeof(double) * (ROW_STRIDE - ROW_VALUES));
     backward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
     param_grads(&b, 1, 0, 1, SCRATCH_OF(st, 0));
 }

@@ -52,6 +52,10 @@ HIDDEN extern const int OUTPUT_AT[];
 /* The position of a sequence from which each output is computed (0: always):
  * forward(n) leaves the outputs of later positions uncomputed. */
 HIDDEN extern const int OUTPUT_POSITION[];
+/* GRAD_ZERO[n]: a backward over the first n positions of a sequence adds into
+ * the row's gradients below it, and into the contributions (ROW_VALUES on);
+ * ROW_VALUES where not known (compiler/codegen/module.py: _gradient_ends) */
+HIDDEN extern const int GRAD_ZERO[];
 /* The inputs the outputs depend on, in order: predict's short rows. */
 HIDDEN extern const int FEATURES[];
 /* The inputs something other than those MatVecs reads from a row: runs of
