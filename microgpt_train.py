@@ -176,8 +176,7 @@ class CompiledGPT:
         self._feed(tokens, n)
         loss = m.forward(n)
         m.backward()
-        m.step(lr)
-        m.zero_grad()
+        m.step(lr, zero_grad=True)      # zero_grad() in the step's own pass over the parameters
         return loss
 
     def next_logits(self, tokens):

@@ -1,6 +1,7 @@
 """Optimizers in C: bit for bit the documented formulas (compiler/optim.py's
 plain-Python reference_step), and within 1e-12 of torch.optim."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -138,6 +139,25 @@ def test_bad_optimizer_arguments_are_refused():
         compiler.compile(x * 2.0, [x], cc=FAST_CC, optimizer='adam')
 
 
+def test_step_takes_lr_and_zero_grad_by_position_or_by_name():
+    w, x = Value(0.5), Value(0.0)
+    m = compiler.compile((w * x) ** 2, [x], [w], cc=FAST_CC, optimizer=compiler.SGD(0.1))
+    m.set_input([2.0])
+    m.forward()
+    m.backward()
+    m.step(0.05, True)                      # w -= 0.05 * 2 * (w x) x = 0.05 * 4
+    assert m.params().tolist() == [0.5 - 0.05 * 4.0] and m.grads().tolist() == [0.0]
+    m.step(lr=None, zero_grad=False)        # a zero gradient: no move
+    assert m.params().tolist() == [0.5 - 0.05 * 4.0]
+    for call, message in [(lambda: m.step(zero_grad=1), 'zero_grad must be True or False, not 1'),
+                          (lambda: m.step(0.1, lr=0.2), "multiple values for argument 'lr'"),
+                          (lambda: m.step(rate=0.1), "unexpected keyword argument 'rate'"),
+                          (lambda: m.step(0.1, False, 3), 'takes 0 to 2 arguments (3 given)')]:
+        with pytest.raises(TypeError, match=re.escape(message)):
+            call()
+    assert m.params().tolist() == [0.5 - 0.05 * 4.0]
+
+
 def test_step_without_an_optimizer_needs_an_lr():
     x, w = Value(0.0), Value(1.0)
     m = compiler.compile(x * w, [x], [w], cc=FAST_CC)
@@ -236,7 +256,8 @@ LARGE_MODELS = [(200, [72, 40, 10]), (52, [52] * 6 + [10])]
 @pytest.mark.parametrize('shape', LARGE_MODELS, ids=['one-block', 'blocks-dealt'])
 def test_a_large_models_step_and_its_packed_weights_are_the_interpreters_on_any_thread_count(shape, threads, cc):
     """Every weight's new value must reach the next forward, from any split
-    of the step and the packs."""
+    of the step and the packs; ``step(zero_grad=True)`` (odd steps) leaves
+    every gradient 0, as ``zero_grad()`` after ``step()`` (even steps) does."""
     from micrograd.nn import MLP
     opt, targets = compiler.Adam(0.01), np.linspace(-1.0, 1.0, 10).tolist()
     rng = np.random.default_rng(5)
@@ -250,7 +271,7 @@ def test_a_large_models_step_and_its_packed_weights_are_the_interpreters_on_any_
     def loss_of(x):
         return sum((o - t) ** 2 for o, t in zip(model(x), targets))
     x = [Value(0.0) for _ in range(n_in)]
-    m = compiler.compile(loss_of(x), x, params, cc=cc, optimizer=opt, threads=threads)
+    m = compiler.compile(loss_of(x), x, params, cc=cc, optimizer=opt, threads=threads, input_grads=True)
     assert m.summary().count('MatVec') == len(sizes), m.summary()   # the packed weights' loops
     state = [0.0] + [[0.0] * len(params) for _ in range(opt.state_vectors)]
     for k in range(4):
@@ -259,11 +280,16 @@ def test_a_large_models_step_and_its_packed_weights_are_the_interpreters_on_any_
             p.grad = 0.0
         want = loss_of([Value(v) for v in row])   # the interpreter, at this step's weights
         want.backward()
-        m.zero_grad()
         m.set_input(row)
         assert m.forward() == want.data, k
         m.backward()
-        m.step()
+        assert m.grads().tolist() == [p.grad for p in params], k
+        if k % 2:
+            m.step(zero_grad=True)
+        else:
+            m.step()
+            m.zero_grad()
+        assert not m.grads().any() and not m.input_grads().any(), k
         p_ref = [p.data for p in params]
         opt.reference_step(p_ref, [p.grad for p in params], state)
         for p, v in zip(params, p_ref):

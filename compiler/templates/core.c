@@ -184,7 +184,16 @@ NN_API void
 nn_step(void *state, double lr)
 {
     NNState *st = (NNState *)state;
-    optimizer_step(st, lr, 1.0, st->threads);
+    optimizer_step(st, lr, 1.0, st->threads, 0);
+    st->forward_done = 0;
+}
+
+NN_API void
+nn_step_zero_grad(void *state, double lr)
+{
+    NNState *st = (NNState *)state;
+    optimizer_step(st, lr, 1.0, st->threads, 1);
+    memset(st->one_g, 0, sizeof(double) * N_INPUTS);
     st->forward_done = 0;
 }
 
@@ -202,7 +211,7 @@ nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_
         return NN_ENONFINITE;
     }
     const double total = batch_train(st, X, rows, losses, T);
-    optimizer_step(st, lr, (double)rows, T);
+    optimizer_step(st, lr, (double)rows, T, 0);
     free(losses);
     *mean_loss = total / (double)rows;
     st->forward_done = 0;

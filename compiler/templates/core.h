@@ -34,6 +34,7 @@ NN_API void nn_backward(void *state);           /* nothing without the values of
 NN_API void nn_zero_grad(void *state);
 NN_API void nn_update(void *state, double lr);                    /* p -= lr * grad */
 NN_API void nn_step(void *state, double lr);                      /* the compiled optimizer */
+NN_API void nn_step_zero_grad(void *state, double lr);            /* nn_step then nn_zero_grad, in one pass */
 /* Zero the gradients, forward and backward on every row of X [rows,
  * N_INPUTS] (in row order), one step on their mean; *mean_loss. Checks X
  * first: NN_ENONFINITE (*bad: the index of the first inf or NaN) changes

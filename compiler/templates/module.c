@@ -211,18 +211,61 @@ py_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(step_doc, "step(lr=None)\n--\n\n"
-             "One step of the compiled optimizer on the gradients; lr overrides its learning rate.");
+PyDoc_STRVAR(step_doc, "step(lr=None, zero_grad=False)\n--\n\n"
+             "One step of the compiled optimizer on the gradients; lr overrides its learning rate. "
+             "zero_grad=True then zeroes the gradients as zero_grad() does, in the same pass over "
+             "the parameters.");
+
+/* step's arguments by position or by name: lr, zero_grad (a bool). */
+static int
+get_step_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **lr, int *zero)
+{
+    static const char *const names[2] = {"lr", "zero_grad"};
+    PyObject *given[2] = {Py_None, Py_False};
+    const Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (!check_nargs("step", nargs, 0, 2))
+        return -1;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[i] = args[i];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GetItem(kwnames, i);
+        int at = -1;
+        for (int j = 0; j < 2 && at < 0; j++)
+            if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0)
+                at = j;
+        if (at < 0) {
+            PyErr_Format(PyExc_TypeError, "step() got an unexpected keyword argument %R", name);
+            return -1;
+        }
+        if (at < nargs) {
+            PyErr_Format(PyExc_TypeError, "step() got multiple values for argument '%s'", names[at]);
+            return -1;
+        }
+        given[at] = args[nargs + i];
+    }
+    if (!PyBool_Check(given[1])) {
+        PyErr_Format(PyExc_TypeError, "step(): zero_grad must be True or False, not %R", given[1]);
+        return -1;
+    }
+    *lr = given[0];
+    *zero = given[1] == Py_True;
+    return 0;
+}
 
 static PyObject *
-py_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+py_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     double lr;
+    int zero;
+    PyObject *lr_arg;
     NNState *st;
-    if (!check_nargs("step", nargs, 0, 1) ||
-        get_lr("step", nargs ? args[0] : Py_None, &lr, 1) < 0 || (st = take_model(module)) == NULL)
+    if (get_step_args(args, nargs, kwnames, &lr_arg, &zero) < 0 || get_lr("step", lr_arg, &lr, 1) < 0 ||
+        (st = take_model(module)) == NULL)
         return NULL;
-    nn_step(st, lr);
+    if (zero)
+        nn_step_zero_grad(st, lr);
+    else
+        nn_step(st, lr);
     release_model(module);
     Py_RETURN_NONE;
 }
@@ -412,10 +455,11 @@ py_kernel_macs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* ---- module definition ------------------------------------------------------------------------ */
 
 #define METHOD(name) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, name##_doc}
+#define METHOD_KW(name) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL | METH_KEYWORDS, name##_doc}
 
 static PyMethodDef nn_methods[] = {
     METHOD(set_input), METHOD(forward), METHOD(backward), METHOD(zero_grad), METHOD(update),
-    METHOD(step), METHOD(train_batch), METHOD(predict), METHOD(read_params),
+    METHOD_KW(step), METHOD(train_batch), METHOD(predict), METHOD(read_params),
     METHOD(write_params), METHOD(read_grads), METHOD(read_input_grads), METHOD(read_outputs),
     METHOD(read_state), METHOD(write_state), METHOD(read_data), METHOD(get_threads),
     METHOD(set_threads), METHOD(kernel_macs),

@@ -136,7 +136,18 @@ refresh_aux(const double *restrict p, double *restrict aux)
 typedef struct {
     NNState *st;
     double lr, divisor, t;
+    int zero;       /* zero each gradient once its parameter has stepped (nn_step_zero_grad) */
 } OptimizerJob;
+
+/* The step of the parameters [j0, j1), then (o->zero) their gradients zeroed
+ * while they are in this thread's cache: step() then zero_grad() in one pass. */
+static void
+step_range(const OptimizerJob *o, int j0, int j1)
+{
+    optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
+    if (o->zero && j1 > j0)
+        memset(o->st->gp + j0, 0, sizeof(double) * (size_t)(j1 - j0));
+}
 
 /* Steps the other parameters [from, upto) of OTHER_SPANS laid end to end. */
 static void
@@ -147,8 +158,7 @@ step_other_share(const OptimizerJob *o, long from, long upto)
         const long n = OTHER_SPANS[i][1] - OTHER_SPANS[i][0];
         long lo = from > at ? from - at : 0, hi = upto - at < n ? upto - at : n;
         if (lo < hi)
-            optimizer_range(o->st, o->lr, o->divisor, o->t, OTHER_SPANS[i][0] + (int)lo,
-                            OTHER_SPANS[i][0] + (int)hi);
+            step_range(o, OTHER_SPANS[i][0] + (int)lo, OTHER_SPANS[i][0] + (int)hi);
         at += n;
     }
 }
@@ -203,7 +213,7 @@ optimizer_job(void *ctx, int part, int parts)
     long share[2];
     if (blocks_dealt(part, parts, share)) {
         for (int i = part; i < N_WEIGHT_BLOCKS; i += parts) {
-            optimizer_range(st, o->lr, o->divisor, o->t, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]);
+            step_range(o, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]);
             pack_weights(st->p, st->aux, i);
         }
         step_other_share(o, share[0], share[1]);
@@ -215,7 +225,7 @@ optimizer_job(void *ctx, int part, int parts)
     int j1 = 8 * (int)((long long)pieces * (part + 1) / parts);
     if (j1 > N_PARAM_SPAN)
         j1 = N_PARAM_SPAN;
-    optimizer_range(st, o->lr, o->divisor, o->t, j0, j1);
+    step_range(o, j0, j1);
     pool_barrier(&st->pool, parts);
     for (int i = part; i < N_WEIGHT_BLOCKS; i += parts)
         pack_weights(st->p, st->aux, i);
@@ -224,15 +234,17 @@ optimizer_job(void *ctx, int part, int parts)
 /* Below this many parameters, waking the helpers costs more than they save. */
 #define MIN_SPLIT_PARAMS 16384
 
+/* One step on the gradients / divisor; zero: the gradients zeroed after it
+ * (the same as a memset after, in the same pass). */
 static void
-optimizer_step(NNState *st, double lr, double divisor, int T)
+optimizer_step(NNState *st, double lr, double divisor, int T, int zero)
 {
-    OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0};
+    OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0, zero};
     if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS) {
         pool_run(&st->pool, optimizer_job, &o, T);
         refresh_rest(st->p, st->aux);
     } else {
-        optimizer_range(st, lr, divisor, o.t, 0, N_PARAM_SPAN);
+        step_range(&o, 0, N_PARAM_SPAN);
         refresh_aux(st->p, st->aux);
     }
     st->state[0] = o.t;

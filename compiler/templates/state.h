@@ -86,9 +86,9 @@ typedef struct NNState {
 
 #define SCRATCH_OF(st, t) ((void *)((st)->scratch + (ptrdiff_t)(t) * SCRATCH_BYTES))
 
-/* optimizer.c: one step on the gradients / divisor, on T threads, then the
- * packed copies of the new weights */
-static void optimizer_step(NNState *st, double lr, double divisor, int T);
+/* optimizer.c: one step on the gradients / divisor, on T threads (zero: the
+ * gradients zeroed as it goes), then the packed copies of the new weights */
+static void optimizer_step(NNState *st, double lr, double divisor, int T, int zero);
 /* aux from p (pack_weights for every block, then refresh_rest) */
 static void refresh_aux(const double *restrict p, double *restrict aux);
 
