@@ -9,7 +9,7 @@ import pytest
 from compiler.codegen import rolled
 from microgpt import Config
 
-from tests.differential import COMPILERS, needs_cc
+from tests.differential import COMPILERS, FAST_CC, needs_cc
 from tests.test_positions import assert_positions_match, compile_gpt, gpt_case
 
 
@@ -64,3 +64,22 @@ def test_microgpt_with_position_loops_matches_the_interpreter_for_every_n(cc):
     assert 'static const int pos_moves' in m.source
     T = GPT.block_size
     assert_positions_match(m, graph, random.Random(12), [T, 1, 2, 5, 3, T, 6, 4, 1], config=GPT)
+
+
+
+@needs_cc
+def test_stretches_of_a_group_that_starts_at_a_later_position_keep_their_positions(monkeypatch):
+    """Each group's runs cut after its first position: the groups of
+    positions 1, 2, ... roll as stretches that start at position 1."""
+    from compiler.codegen import program
+    whole = program._position_groups
+
+    def cut(runs):
+        return [part for group in whole(runs) for part in ([group[:1], group[1:]] if len(group) > 2 else [group])]
+    monkeypatch.setattr(program, '_position_groups', cut)
+    _, graph = gpt_case(seed=13, config=GPT)
+    m = compile_gpt(graph, FAST_CC, config=GPT)
+    assert re.search(r'for \(int pos = 1; pos <= \d+ && pos < b->upto; pos\+\+\)', m.source)
+    assert re.search(r'\[pos - 1\]', m.source)       # a table read from position 1
+    T = GPT.block_size
+    assert_positions_match(m, graph, random.Random(14), [T, 1, 2, 5, 3, T, 6], config=GPT)

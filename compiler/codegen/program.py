@@ -458,7 +458,7 @@ class _Program:
                       for i, run in enumerate(runs)]
             return [step for steps in (pieces if forward else reversed(pieces)) for step in steps]
         pieces = []         # the steps of each stretch of positions, in position order
-        for first, last, bodies in self._stretches(statements):
+        for first, last, bodies in self._stretches(statements, p0):
             if bodies is None:          # a position alone
                 pieces.append(_when_position(p0 + first, [
                     f'for (int r = r0; r < r1; r++) {name}({table.ROW_ARGS[forward]});'
@@ -487,11 +487,12 @@ class _Program:
             return None
         return statements
 
-    def _stretches(self, statements):
-        """The runs as stretches ``(first, last, bodies)`` of consecutive
-        positions whose C differs in its integers only: ``bodies`` the
-        stretch's functions of the position, ``(statements, table
-        declarations)`` each (rolled.template); None for a position alone."""
+    def _stretches(self, statements, p0):
+        """The runs (of positions ``p0``, ``p0 + 1``, ...) as stretches
+        ``(first, last, bodies)`` of consecutive runs whose C differs in its
+        integers only: ``bodies`` the stretch's functions of the position,
+        ``(statements, table declarations)`` each (rolled.template); None
+        for a run alone."""
         splits = [[rolled.split(_JOIN.join(lines)) for lines in functions] for functions in statements]
         shapes = [[pieces for pieces, _ in functions] for functions in splits]
         stretches, first = [], 0
@@ -499,7 +500,7 @@ class _Program:
             if i < len(splits) and shapes[i] == shapes[first]:
                 continue
             if i - first >= 2:
-                bodies = [rolled.template([t[j] for t in splits[first:i]], first, self._table_name)
+                bodies = [rolled.template([t[j] for t in splits[first:i]], p0 + first, self._table_name)
                           for j in range(len(splits[first])) if statements[first][j]]
                 stretches.append((first, i - 1, [(body.split(_JOIN), decls) for body, decls in bodies]))
             else:
