@@ -127,15 +127,17 @@ def _runs(program, layout):
     return runs
 
 
-def _output_positions(program, cuts, part, at):
+def _output_positions(program, cuts, part, at=None):
     """For each output, the position of a sequence from which forward
     computes it (ops[:cuts[n - 1] + 1] run for n positions; after the last
     cut: only all of them), 0 when every forward does (a leaf, the loss).
     ``part``: the program's ``layout.ScalarPart`` (where the scalar ops are);
-    ``at``: ``positions_of_writes`` of a program scheduled layer by layer."""
+    ``at``: ``positions_of_writes`` of a program scheduled layer by layer
+    (found here when not given)."""
     if not cuts:
         return [0] * len(program.outputs)
     if program.position_runs is not None:     # scheduled layer by layer (compiler/positions.py)
+        at = positions_of_writes(program) if at is None else at
         return [0 if s == program.loss or s not in at else at[s] + 1 for s in program.outputs]
     at = {slot: i for i, op in part.lifted for slot in op.writes}
     # (the scalar ops' outputs, indexed by slot: a pass may leave them in any order)
