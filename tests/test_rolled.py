@@ -38,6 +38,16 @@ def test_integers_that_move_by_a_step_or_otherwise_come_back_at_every_position()
         assert [instantiate(text, decls, first, first + t) for t in range(4)] == texts
 
 
+def test_a_static_table_whose_numbers_move_is_not_rolled():
+    """A loop's table of places is a static initializer: it cannot read pos."""
+    def text(t):
+        return f'{{\n    static const int at0[3] = {{4, {9 + t}, 2}};\n    v[{10 + t}] = v[at0[1]];\n}}'
+    assert rolled.template([rolled.split(text(t)) for t in range(3)], 0, str) is None
+    steady = [f'{{\n    static const int at0[3] = {{4, 9, 2}};\n    v[{10 + t}] = v[at0[1]];\n}}' for t in range(3)]
+    body, decls = rolled.template([rolled.split(t) for t in steady], 0, str)
+    assert 'at0[3] = {4, 9, 2};' in body and 'v[10 + 1 * pos]' in body and not decls
+
+
 def test_floating_literals_identifiers_and_other_integers_never_move():
     def pieces(text):
         pieces, integers = rolled.split(text)

@@ -499,12 +499,12 @@ class _Program:
         for i in range(1, len(splits) + 1):
             if i < len(splits) and shapes[i] == shapes[first]:
                 continue
-            if i - first >= 2:
-                bodies = [rolled.template([t[j] for t in splits[first:i]], p0 + first, self._table_name)
-                          for j in range(len(splits[first])) if statements[first][j]]
-                stretches.append((first, i - 1, [(body.split(_JOIN), decls) for body, decls in bodies]))
+            bodies = [rolled.template([t[j] for t in splits[first:i]], p0 + first, self._table_name)
+                      for j in range(len(splits[first])) if statements[first][j]] if i - first >= 2 else [None]
+            if None in bodies:          # one position, or a loop's table of places that moves
+                stretches += [(k, k, None) for k in range(first, i)]
             else:
-                stretches.append((first, first, None))
+                stretches.append((first, i - 1, [(body.split(_JOIN), decls) for body, decls in bodies]))
             first = i
         return stretches
 

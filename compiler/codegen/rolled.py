@@ -47,7 +47,9 @@ def template(splits, first, table_name):
     declarations of the tables it reads: ``(text, [C line])``. An integer
     that moves by a fixed step is written ``N + D * pos``; one that moves
     otherwise ``N + T[pos - first]``, T a table of its moves (named
-    ``table_name(j)``, one per distinct sequence of moves)."""
+    ``table_name(j)``, one per distinct sequence of moves). None where an
+    integer moves inside a ``static`` declaration (a loop's table of
+    places), whose initializer must stay constant."""
     pieces = splits[0][0]
     assert len(splits) >= 2 and all(p == pieces for p, _ in splits[1:])
     numbers = np.array([n for _, n in splits], dtype=np.int64).reshape(len(splits), -1)
@@ -56,10 +58,15 @@ def template(splits, first, table_name):
     affine = (moves == np.arange(len(splits))[:, None] * step).all(axis=0)
     tables, decls = {}, []
     out = [pieces[0]]
+    line = pieces[0].rpartition('\n')[2]        # the current line up to the integer
     for j, (n, d, before, after) in enumerate(zip(start.tolist(), step.tolist(), pieces, pieces[1:])):
+        static = line.lstrip().startswith('static')
+        line = (line + splits[0][1][j] + after) if '\n' not in after else after.rpartition('\n')[2]
         if affine[j] and d == 0:
             out += [splits[0][1][j], after]
             continue
+        if static:
+            return None
         if affine[j]:
             n -= d * first                              # its value at position 0
             term = f'{abs(d)} * {POS}'
