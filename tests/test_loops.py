@@ -297,9 +297,10 @@ def test_a_matvec_stays_a_matvec():
 
 
 def test_places_out_of_progression_come_from_a_table():
-    class Rows:     # where each slot lives: slot s of the loop's column at irregular places
-        value = [f'v[{i}]' for i in range(40)]
-    Rows.value[12], Rows.value[13] = 'v[30]', 'v[35]'
+    class Rows:     # where each slot lives (layout.loc, v[x]): the loop's column at irregular places
+        class layout:
+            loc = np.arange(40)
+    Rows.layout.loc[12], Rows.layout.loc[13] = 30, 35
     loop = Loop(3, (Op('exp', 20, (11,)),), ((1, 1),))
     (forward,) = loops_c.forward(loop, Rows())
     assert 'static const int at0[3] = {11, 30, 35};' in forward

@@ -86,20 +86,22 @@ class _Places:
 
     def __init__(self, op, scalar):
         self.n, self.scalar, self.tables = op.n, scalar, []
+        self.loc, self.iterations = scalar.layout.loc, np.arange(op.n)
         self.where = [[self._place(s, d) for s, d in zip(loop_slots(body), step)]
                       for body, step in zip(op.body, op.steps)]
 
     def _place(self, slot, step):
-        texts = [self.scalar.value[slot + i * step] for i in range(self.n)]
-        arrays = {t[0] for t in texts}
-        assert len(arrays) == 1, "a loop slot moves between the rows and the shared values"
-        at = np.array([int(t[2:-1]) for t in texts], dtype=np.int64)
+        # the iterations' places (layout.loc: v[x] for x >= 0, else p[-1 - x])
+        loc = self.loc[slot + step * self.iterations]
+        row = loc >= 0
+        assert row.all() or not row.any(), "a loop slot moves between the rows and the shared values"
+        array, at = ('v', loc) if row[0] else ('p', -1 - loc)
         d = int(at[1] - at[0]) if self.n > 1 else 0
-        if np.array_equal(at, at[0] + d * np.arange(self.n)):
-            return Place(texts[0][0], int(at[0]), d, '')
+        if (at == at[0] + d * self.iterations).all():
+            return Place(array, int(at[0]), d, '')
         name = f'at{len(self.tables)}'
         self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at.tolist()))}}};')
-        return Place(texts[0][0], None, 0, f'{texts[0][0]}[{name}[i]]')
+        return Place(array, None, 0, f'{array}[{name}[i]]')
 
     def value(self, j, k):
         return self.where[j][k].at()
