@@ -452,10 +452,9 @@ class _Program:
         direction, pos = ('forward' if forward else 'backward'), rolled.POS
         kind, params = ('forward', FORWARD_PARAMS) if forward else ('backward', BACKWARD_PARAMS)
         with_pos = (params[0] + f', int {pos}', params[1] + f', {pos}')   # the functions of a stretch
-        statements = self._scalar_statements(runs, forward) if p0 >= 0 else None
-        if statements is None:
-            pieces = [_when_position(p0 + i if p0 >= 0 else -1, self._steps(run, direction))
-                      for i, run in enumerate(runs)]
+        statements = self._scalar_statements(runs, forward)
+        if statements is None:          # (a MatMat's run is a group alone: p0 -1 guards nothing)
+            pieces = [_when_position(p0 + i, self._steps(run, direction)) for i, run in enumerate(runs)]
             return [step for steps in (pieces if forward else reversed(pieces)) for step in steps]
         pieces = []         # the steps of each stretch of positions, in position order
         for first, last, bodies in self._stretches(statements, p0):
