@@ -102,7 +102,7 @@ def test_a_sequence_runs_its_positions_from_the_table(always_table, cc, vectoriz
 
 @pytest.mark.parametrize('cc', COMPILERS)
 def test_steps_run_from_a_plan_in_order(always_table, monkeypatch, cc):
-    """A long run of steps (table ranges between functions of sums) runs from
+    """A long run of steps (table ranges between functions of statements) runs from
     a table of them (Table.plan_steps): forced here for every run, the same
     bits forward, backward and in training as the interpreter."""
     monkeypatch.setattr(table, 'PLAN_LOOPS', 0)
@@ -119,3 +119,34 @@ def test_steps_run_from_a_plan_in_order(always_table, monkeypatch, cc):
     assert_train_batch_matches_interpreter(mlp_builder(sizes), X, params, 0.1, cc, steps=3, vectorize=True)
     samples = [[a, b] for a in EDGES for b in EDGES]
     assert_matches_interpreter(edge_graph, samples, [0.5, -0.0], cc, vectorize=True, input_grads=True)
+
+
+def folds_graph(inputs, params):
+    """Chains of '+' the pass folds into ``Sum`` ops: of rows, of parameters,
+    and mixed, some terms listed twice, feeding each other."""
+    x0, x1, x2 = inputs
+    w = params
+    s1 = x0 + w[0] + x1 + w[1]
+    s2 = s1.tanh() + x2 + w[2] + s1
+    s3 = w[0] + w[1] + w[2] + w[3]
+    s4 = (x0 * x1) + s2 + x0 + x2 + w[3] * s3
+    loss = s4 * s4 + s3 * w[4] + (s2 + s1 + x1).relu()
+    return loss, [s1, s2, s4]
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('recorded', [True, False])
+def test_sums_run_from_the_table(always_table, monkeypatch, cc, recorded):
+    """The pass's Sum folds are entries of the table (VM_SUM): forward,
+    input and parameter gradients, and train_batch with the parameters'
+    contributions recorded per row or (above MAX_RECORDED) added in place,
+    give the interpreter's bits."""
+    if not recorded:
+        monkeypatch.setattr('compiler.codegen.layout.MAX_RECORDED', 0)
+    rng = random.Random(2)
+    params = [rng.uniform(-1, 1) for _ in range(5)]
+    samples = [[rng.uniform(-2, 2) for _ in range(3)] for _ in range(4)] + [[0.0, -0.0, 1.0], [-0.0, -0.0, -0.0]]
+    m = assert_matches_interpreter(folds_graph, samples, params, cc, vectorize=True, input_grads=True)
+    sums = int(re.search(r'the scalar op table: [\d,]+ ops and ([\d,]+) sums', m.source).group(1))
+    assert sums >= 4 and not re.search(r'seg\d+_forward', m.source), "every fold runs from the table"
+    assert_train_batch_matches_interpreter(folds_graph, samples, params, 0.1, cc, steps=3, vectorize=True)

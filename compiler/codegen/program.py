@@ -258,8 +258,8 @@ class _Program:
     def _table_steps(self, p0, p1, direction):
         """``_steps`` of the ops at positions ``p0..p1-1`` when the scalar ops
         run from the table: a loop call per range of them, found between the
-        other ops (few) without visiting each op; consecutive Sums share one
-        function of statements."""
+        other ops (few) without visiting each op. The table runs the Sums
+        too; consecutive Dots and loops share one function of statements."""
         tab, ops = self.table, dict(self.layout.lifted)      # the other ops, by position
         others = tab.others[np.searchsorted(tab.others, p0):np.searchsorted(tab.others, p1)].tolist()
         segments, at = [], p0
@@ -273,19 +273,19 @@ class _Program:
         forward = direction == 'forward'
         if not forward:
             segments.reverse()
-        steps, sums_run, plan = [], [], []
+        steps, run, plan = [], [], []
 
-        def flush_sums():
-            plan.extend((0, 0, name) for name in self._scalar_functions(sums_run, forward))
-            sums_run.clear()
+        def flush_run():
+            plan.extend((0, 0, name) for name in self._scalar_functions(run, forward))
+            run.clear()
 
         def flush_plan():
-            flush_sums()
+            flush_run()
             steps.extend(tab.plan_steps(plan, forward, f'{direction}_plan{len(steps) + 1}'))
             plan.clear()
         for seg in segments:
             if type(seg) is tuple:
-                flush_sums()
+                flush_run()
                 plan.append((tab.entry(seg[0]), tab.entry(seg[1] - 1) + 1, None))
                 continue
             op = ops[seg]
@@ -299,7 +299,7 @@ class _Program:
                 flush_plan()
                 steps += self.convs.step(op, forward)
             else:
-                sums_run.append(op)
+                run.append(op)
         flush_plan()
         return steps
 
