@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.codegen.scalar import SCALAR_C
-from compiler.constants import MV_NR, ROW_ALIGN
+from compiler.constants import MV_NR, MV_PW, ROW_ALIGN
 from compiler.ir import OP_CODES, OP_NAMES, MatVec, Op, ScalarArrays, Sum, unfolded
 
 # Scalar parameter uses per row that a program may record; above this the
@@ -47,8 +47,18 @@ def round_up(n, m):
 @dataclass(frozen=True)
 class WeightAux:
     """Where one weight block's part of ``aux`` is."""
-    panels: int       # forward panels: round16(R) * C doubles
+    panels: int       # forward panels: round16(R) * C doubles (-1: W itself, in_place)
     finite: int       # 1.0 when every weight is finite
+
+
+def in_place(rows):
+    """Whether a weight block of ``rows`` rows is its own forward panel, read
+    where it is in ``p``: one panel (at most MV_PW rows) whose width,
+    round8(R), is the stride of W's columns, round16(R), so that
+    mv_pack_fwd would copy it unchanged (W's padding stays 0). microgpt's
+    64-row and 16-row weights are; MNIST's layers (50 rows, or more than 64)
+    are not."""
+    return rows <= MV_PW and round_up(rows, 8) == round_up(rows, PANEL)
 
 
 @dataclass(frozen=True)
@@ -181,8 +191,9 @@ class Layout:
         self.weight_aux, self.aux = {}, {}
         for wt0, (R, C) in sorted(blocks.items()):
             at = round_up(at, ROW_ALIGN)
-            self.weight_aux[wt0] = WeightAux(at, at + round_up(R, PANEL) * C)
-            at += round_up(R, PANEL) * C + 1
+            panels = 0 if in_place(R) else round_up(R, PANEL) * C
+            self.weight_aux[wt0] = WeightAux(-1 if in_place(R) else at, at + panels)
+            at += panels + 1
         # A weight applied at several places (a sequence's positions) shares
         # what is the same for each: the padded heads and their skip flag,
         # and the input-gradient panels of one backward row order.

@@ -142,7 +142,7 @@ class MatMatRenderer:
 
     def _forward(self, op, plan):
         lay, first = self.layout, op.uses[0]
-        name, a, wa = self.name[id(op)], lay.aux[id(first)], lay.weight_aux[first.wt0]
+        name, a = self.name[id(op)], lay.aux[id(first)]
         (x0, xs), (y0, ys) = plan['x'], plan['y']
         lines = [f'/* {op} */', f'static void\n{name}_forward(const Block *b, int r0, int r1, void *scratch)\n{{',
                  self._count(op), '    const double *restrict p = b->p;',
@@ -158,7 +158,7 @@ class MatMatRenderer:
                 lines += [f'        if (n > {t}) {{',
                           *[f'            v[{y + k}] = {lay.value[h]};' for k, h in enumerate(u.heads)],
                           '        }']
-        lines += [f'        b->k->fwd(b->aux + {wa.panels}, {hp}, {first.rows}, {first.cols}, {start}, '
+        lines += [f'        b->k->fwd({self.matvecs.forward_panels(first.wt0)}, {hp}, {first.rows}, {first.cols}, {start}, '
                   f'b->aux[{a.skip}] != 0.0, v + {x0}, {xs}, v + {y0}, {ys}, 0, n, scratch);',
                   '    }', '    (void)p;', '}']
         return '\n'.join(lines)
@@ -166,7 +166,7 @@ class MatMatRenderer:
     def _backward(self, op, plan):
         """Per row: the gradients of heads in the rows, then of every position's x."""
         lay, first = self.layout, op.uses[0]
-        name, a, wa = self.name[id(op)], lay.aux[id(first)], lay.weight_aux[first.wt0]
+        name, wa = self.name[id(op)], lay.weight_aux[first.wt0]
         (x0, xs), (y0, ys) = plan['x'], plan['y']
         lines = [f'static void\n{name}_backward(const Block *b, int r0, int r1, void *scratch)\n{{',
                  self._count(op), '    for (int r = r0; r < r1; r++) {',

@@ -112,6 +112,11 @@ class MatVecRenderer:
             op = next(o for o in self.ops if o.wt0 == wt0)
             RP = round_up(op.rows, PANEL)
             lo = lay.weight_base[wt0]
+            if wa.panels < 0:       # W is its own panel: read in place, checked only
+                blocks[wt0] = [(lo, lo + op.cols * RP), op.rows * op.cols // 2, [
+                    f'aux[{wa.finite}] = mv_all_finite(p + {lo}, {op.cols * RP});   '
+                    f'/* W of {self.name[id(op)]}: {op.rows}x{op.cols}, its own panel */']]
+                continue
             blocks[wt0] = [(lo, lo + op.cols * RP), op.rows * op.cols, [
                 f'aux[{wa.finite}] = mv_pack_fwd(p + {lo}, {op.rows}, {op.cols}, '
                 f'{RP}, aux + {wa.panels});   /* W of {self.name[id(op)]}: {op.rows}x{op.cols} */']]
@@ -170,6 +175,12 @@ class MatVecRenderer:
                 f'    for (int n = 0; n < {op.rows}; n++) aux[{at} + n] = p[at[n]];   /* heads of {name} */',
                 '}']
 
+    def forward_panels(self, wt0):
+        """The C of a block's forward panels, in a function with ``b``: its
+        packed copy in aux, or W itself (``layout.in_place``)."""
+        wa = self.layout.weight_aux[wt0]
+        return f'b->p + {self.layout.weight_base[wt0]}' if wa.panels < 0 else f'b->aux + {wa.panels}'
+
     def _pack_bgx(self, op, at):
         return (f'mv_pack_bgx(p + {self.layout.weight_base[op.wt0]}, {self.name[id(op)]}_order, '
                 f'{op.rows}, {op.cols}, {round_up(op.rows, PANEL)}, aux + {at});')
@@ -201,7 +212,7 @@ class MatVecRenderer:
         return out
 
     def _forward(self, op):
-        name, a, wa = self.name[id(op)], self.layout.aux[id(op)], self.layout.weight_aux[op.wt0]
+        name, a = self.name[id(op)], self.layout.aux[id(op)]
         y = self._row(op.y0)
         lines = [f'/* {op} */', f'static void\n{name}_forward(const Block *b, int r0, int r1, void *scratch)\n{{']
         if not op.heads:
@@ -216,7 +227,7 @@ class MatVecRenderer:
                       *[f'        v[{y + n}] = {self.layout.value[h]};' for n, h in enumerate(op.heads)],
                       '    }', '    (void)p;']
         x = f'b->x + {op.x0}, b->ldx' if id(op) in self.direct else f'b->v + {self._row(op.x0)}, ROW_STRIDE'
-        lines += [f'    b->k->fwd(b->aux + {wa.panels}, {hp}, {op.rows}, {op.cols}, {start}, b->aux[{a.skip}] != 0.0, '
+        lines += [f'    b->k->fwd({self.forward_panels(op.wt0)}, {hp}, {op.rows}, {op.cols}, {start}, b->aux[{a.skip}] != 0.0, '
                   f'{x}, b->v + {y}, ROW_STRIDE, r0, r1, scratch);',
                   '}']
         return '\n'.join(lines)
