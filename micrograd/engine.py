@@ -117,7 +117,7 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(self._data + other._data, (self, other), '+', _backward=Value._add_backward)
+        return _result(self._data + other._data, (self, other), '+', Value._add_backward)
 
     @staticmethod
     def _add_backward(out):
@@ -130,7 +130,7 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(self._data - other._data, (self, other), '-', _backward=Value._sub_backward)
+        return _result(self._data - other._data, (self, other), '-', Value._sub_backward)
 
     @staticmethod
     def _sub_backward(out):
@@ -143,7 +143,7 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(self._data * other._data, (self, other), '*', _backward=Value._mul_backward)
+        return _result(self._data * other._data, (self, other), '*', Value._mul_backward)
 
     @staticmethod
     def _mul_backward(out):
@@ -156,7 +156,7 @@ class Value:
             other = _as_value(other)
             if other is NotImplemented:
                 return other
-        return Value(ieee.div(self._data, other._data), (self, other), '/', _backward=Value._div_backward)
+        return _result(ieee.div(self._data, other._data), (self, other), '/', Value._div_backward)
 
     @staticmethod
     def _div_backward(out):
@@ -192,7 +192,7 @@ class Value:
         if other is NotImplemented:
             raise TypeError(f"max() needs a Value or a real number, not {type(other).__name__}")
         first = self._data >= other._data
-        return Value(self._data if first else other._data, (self, other), 'max', _backward=Value._max_backward)
+        return _result(self._data if first else other._data, (self, other), 'max', Value._max_backward)
 
     @staticmethod
     def _max_backward(out):
@@ -205,7 +205,7 @@ class Value:
     # -- unary ops ---------------------------------------------------------
 
     def __neg__(self):
-        return Value(-self._data, (self,), 'neg', _backward=Value._neg_backward)
+        return _result(-self._data, (self,), 'neg', Value._neg_backward)
 
     @staticmethod
     def _neg_backward(out):
@@ -216,7 +216,7 @@ class Value:
         if isinstance(k, Value) or not isinstance(k, numbers.Real):
             return NotImplemented  # exponents are constants, not graph nodes
         k = float(k)
-        return Value(ieee.pow(self._data, k), (self,), '**', _arg=k, _backward=Value._pow_backward)
+        return _result(ieee.pow(self._data, k), (self,), '**', Value._pow_backward, k)
 
     @staticmethod
     def _pow_backward(out):
@@ -226,7 +226,7 @@ class Value:
         a.grad += (k * ieee.pow(a._data, k - 1.0)) * out.grad
 
     def relu(self):
-        return Value(0.0 if self._data < 0 else self._data, (self,), 'relu', _backward=Value._relu_backward)
+        return _result(0.0 if self._data < 0 else self._data, (self,), 'relu', Value._relu_backward)
 
     @staticmethod
     def _relu_backward(out):
@@ -235,7 +235,7 @@ class Value:
         a.grad += (out._data > 0) * out.grad
 
     def tanh(self):
-        return Value(ieee.tanh(self._data), (self,), 'tanh', _backward=Value._tanh_backward)
+        return _result(ieee.tanh(self._data), (self,), 'tanh', Value._tanh_backward)
 
     @staticmethod
     def _tanh_backward(out):
@@ -244,7 +244,7 @@ class Value:
         a.grad += (1.0 - out._data * out._data) * out.grad
 
     def exp(self):
-        return Value(ieee.exp(self._data), (self,), 'exp', _backward=Value._exp_backward)
+        return _result(ieee.exp(self._data), (self,), 'exp', Value._exp_backward)
 
     @staticmethod
     def _exp_backward(out):
@@ -252,7 +252,7 @@ class Value:
         a.grad += out._data * out.grad
 
     def log(self):
-        return Value(ieee.log(self._data), (self,), 'log', _backward=Value._log_backward)
+        return _result(ieee.log(self._data), (self,), 'log', Value._log_backward)
 
     @staticmethod
     def _log_backward(out):
@@ -260,7 +260,7 @@ class Value:
         a.grad += ieee.div(out.grad, a._data)
 
     def sigmoid(self):
-        return Value(1.0 / (1.0 + ieee.exp(-self._data)), (self,), 'sigmoid', _backward=Value._sigmoid_backward)
+        return _result(1.0 / (1.0 + ieee.exp(-self._data)), (self,), 'sigmoid', Value._sigmoid_backward)
 
     @staticmethod
     def _sigmoid_backward(out):
@@ -290,6 +290,25 @@ def _no_backward(node):
     pass
 
 
+_new = object.__new__
+
+
+def _result(data, children, op, backward, arg=None):
+    """An op's result: what ``Value(data, children, op, arg,
+    _backward=backward)`` makes, without its conversions (``data`` is a
+    float, ``children`` a tuple). Ops make millions of nodes: keyword
+    arguments and the checks made half the cost of ``a + b`` (400 -> 210 ns)."""
+    v = _new(Value)
+    v._data = data
+    v.grad = 0.0
+    v._prev = children
+    v._op = op
+    v._arg = arg
+    v._backward = backward
+    v.label = ''
+    return v
+
+
 class Constant(Value):
     """A number an op wrapped into the graph (the ``2`` of ``x * 2``): a
     constant of the compiled program, never a leaf the user forgot to list."""
@@ -299,7 +318,7 @@ class Constant(Value):
 def _as_value(x):
     if isinstance(x, Value):
         return x
-    if isinstance(x, numbers.Real):
+    if type(x) is float or type(x) is int or isinstance(x, numbers.Real):   # (the ABC check is slow)
         return Constant(x)
     return NotImplemented
 
