@@ -21,6 +21,7 @@ from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFou
 from compiler.build.process import usable_cores
 from compiler.codegen import Source, emit_module, kernels_unit
 from compiler.ir import MatVec, Op, Program, Sum, inputs_used
+from compiler.pages import small_pages
 from compiler.load import load_module
 from compiler.export import ExportError
 from compiler.model import CompiledModel, load, resolve_threads
@@ -71,7 +72,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         raise TypeError(f"optimizer must be compiler.SGD, Adam or AdamW, not {type(optimizer).__name__}")
     threads = resolve_threads(threads)
     timings = {}
-    with gc_paused():
+    with gc_paused(), small_pages():
         t0 = time.perf_counter()
         program, _, undeclared = trace_graph(loss, inputs, params, outputs, constants, input_grads)
         _refuse_silent_mistakes(program, params, undeclared, inputs)
