@@ -33,6 +33,7 @@ ALLOWED = {
     'compiler.files': set(),
     'compiler.optim': set(),
     'compiler.templates': set(),
+    'compiler.pages': set(),        # numpy's huge-page hint, off while compile()'s front end runs
     'compiler.trace': {'micrograd', 'compiler.ir', 'compiler.walk'},
     # the tracer's walk in C: built and loaded as the modules are (once, cached)
     'compiler.walk': {'compiler.build', 'compiler.load', 'compiler.templates'},
