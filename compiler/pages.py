@@ -3,9 +3,9 @@
 numpy asks the kernel for huge pages (``madvise(MADV_HUGEPAGE)``) for every
 array of 4 MB or more. The front end makes and drops many arrays of one
 entry per op (52 MB each at microgpt 64/4/4), each fresh memory; where
-transparent huge pages are ``madvise`` (Debian's and Ubuntu's default),
-faulting in a huge page can mean compacting memory first, and in a process
-that holds millions of ``Value``s that took most of the time. On the Intel
+transparent huge pages are ``madvise`` (as on the VM below), faulting in a
+huge page can mean compacting memory first, and in a process that holds
+millions of ``Value``s that took most of each array's first fill. On the Intel
 Xeon VM (model 167, KVM): one such array's first fill 0.19 s with the hint,
 0.05 s without; 64/4/4's trace, passes and codegen 6.98-7.81 s with it,
 6.50-6.63 s without (kernel time 2.6-3.1 -> 2.0 s). ``small_pages()`` turns
@@ -17,10 +17,20 @@ import threading
 
 import numpy as np
 
-try:
-    _set_hint = np._core.multiarray._set_madvise_hugepage       # numpy 2
-except AttributeError:                                           # numpy 1, or a build without it
-    _set_hint = getattr(getattr(getattr(np, 'core', None), 'multiarray', None), '_set_madvise_hugepage', None)
+
+
+def _multiarray_with_hint():
+    """numpy's ``multiarray`` (``numpy._core``'s in numpy 2, ``numpy.core``'s
+    in numpy 1), or None where it has no huge-page hint."""
+    for package in ('_core', 'core'):
+        multiarray = getattr(getattr(np, package, None), 'multiarray', None)
+        if hasattr(multiarray, '_set_madvise_hugepage'):
+            return multiarray
+    return None
+
+
+_multiarray = _multiarray_with_hint()
+_set_hint = getattr(_multiarray, '_set_madvise_hugepage', None)
 
 _lock = threading.Lock()
 _depth = 0

@@ -94,6 +94,17 @@ def test_numbers_on_either_side_give_the_same_values():
     assert micrograd.max(4, a).data == 4.0 and a.max(4).data == 4.0
 
 
+def test_op_results_set_every_slot_as_the_constructor_does():
+    a, b = Value(1.5), Value(-2.0)
+    for made, op, children, arg in [(a + b, '+', (a, b), None), (a ** 3, '**', (a,), 3.0),
+                                    (a.tanh(), 'tanh', (a,), None), (a - 2, '-', (a,), None)]:
+        children += made._prev[len(children):]         # (a - 2: its Constant 2)
+        built = Value(made.data, children, op, arg, _backward=made._backward)
+        assert type(made) is Value
+        for slot in Value.__slots__:
+            assert getattr(made, slot) == getattr(built, slot), slot
+
+
 def test_known_forward_values():
     a, b = Value(-4.0), Value(2.0)
     c = a + b

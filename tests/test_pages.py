@@ -8,7 +8,7 @@ from compiler import pages
 from compiler.trace import _NO_OPERAND, _final_slots, _slot_fixer
 from micrograd import Value
 
-_get_hint = getattr(np._core.multiarray, '_get_madvise_hugepage', None)
+_get_hint = getattr(pages._multiarray, '_get_madvise_hugepage', None)
 needs_hint = pytest.mark.skipif(pages._set_hint is None or _get_hint is None,
                                 reason="this numpy has no huge-page hint")
 
