@@ -646,55 +646,70 @@ ISA(pack_fwd)(const double *wt, int R, int C, int RP, double *wp)
 }
 
 /* Input-gradient panels: panels of 64 inputs, W's rows in the backward
- * order perm: wq[64q*R + j*nw + i] = W[perm[j]][64q + i]. Eight rows
- * j0..j0+7 at a time: where perm gives them 8 neighbouring rows of W (in
- * any order: backward orders run down a layer), each 8 inputs of those rows
- * are one 8 x 8 transpose in registers (AVX-512), else one weight at a
- * time. W is read by column, a column's 8 rows one cache line or two. */
+ * order perm: wq[64q*R + j*nw + i] = W[perm[j]][64q + i]. Row j of a panel
+ * is one weight at a time from W's row perm[j], read by column (RP apart). */
 static void
-ISA(pack_bgx)(const double *wt, const int *perm, int R, int C, int RP, double *wq)
+ISA(pack_bgx_rows)(const double *wt, const int *perm, int R, int C, int RP, double *wq)
 {
     const int C8 = (C + 7) & ~7;
     for (int k0 = 0; k0 < C8; k0 += MV_PW) {
         const int nw = mv_min(MV_PW, C8 - k0), real = mv_min(nw, C - k0);
         double *q = wq + (size_t)k0 * R;
-        for (int j0 = 0; j0 < R; j0 += 8) {
-            const int je = mv_min(8, R - j0);
-            int i0 = 0;
+        for (int j = 0; j < R; j++) {
+            double *row = q + (size_t)j * nw;
+            const double *w = wt + perm[j];
+            for (int i = 0; i < real; i++)
+                row[i] = w[(size_t)(k0 + i) * RP];
+            for (int i = real; i < nw; i++)
+                row[i] = 0.0;
+        }
+    }
+}
+
 #if MV_LEVEL == 2 && defined(__x86_64__)
-            /* out[d]: where W's row base + d goes, when rows j0..j0+7 are base..base+7 */
-            int base = perm[j0], out[8];
-            unsigned seen = 0;
-            for (int l = 1; l < je; l++)
-                base = mv_min(base, perm[j0 + l]);
-            for (int l = 0; l < je; l++) {
-                const int d = perm[j0 + l] - base;
-                if (d > 7 || (seen >> d & 1u))
-                    break;
-                seen |= 1u << d;
-                out[d] = j0 + l;
-            }
-            if (je == 8 && seen == 0xffu)
-                for (; i0 + 8 <= real; i0 += 8) {
+#define MV_PACK_ROWS 2048   /* W's rows up to which pack_bgx inverts perm on the stack */
+#endif
+
+/* The same panels as pack_bgx_rows. AVX-512: W's rows n0..n0+7 (8 weights
+ * of each input, one cache line or two) by blocks of 8 inputs, each block
+ * an 8 x 8 transpose in registers whose rows are stored at their places in
+ * the backward order (where[n]: the j of perm[j] = n), whatever that order
+ * (microgpt's q, k and v rows come interleaved); the rows past the last 8
+ * and the inputs past the last 8 of a panel one weight at a time. */
+static void
+ISA(pack_bgx)(const double *wt, const int *perm, int R, int C, int RP, double *wq)
+{
+#if MV_LEVEL == 2 && defined(__x86_64__)
+    if (R <= MV_PACK_ROWS) {
+        int where[MV_PACK_ROWS];
+        for (int j = 0; j < R; j++)
+            where[perm[j]] = j;
+        const int C8 = (C + 7) & ~7, R8 = R & ~7;
+        for (int k0 = 0; k0 < C8; k0 += MV_PW) {
+            const int nw = mv_min(MV_PW, C8 - k0), real = mv_min(nw, C - k0), real8 = real & ~7;
+            double *q = wq + (size_t)k0 * R;
+            for (int n0 = 0; n0 < R8; n0 += 8)
+                for (int i0 = 0; i0 < real8; i0 += 8) {
                     const double *cols[8];
                     __m512d t[8];
                     for (int c = 0; c < 8; c++)
-                        cols[c] = wt + (size_t)(k0 + i0 + c) * RP + base;
-                    ISA(transpose8)(cols, 0, t);        /* t[d]: row base + d, inputs i0..i0+7 */
+                        cols[c] = wt + (size_t)(k0 + i0 + c) * RP + n0;
+                    ISA(transpose8)(cols, 0, t);        /* t[d]: W's row n0 + d, inputs i0..i0+7 */
                     for (int d = 0; d < 8; d++)
-                        _mm512_storeu_pd(q + (size_t)out[d] * nw + i0, t[d]);
+                        _mm512_storeu_pd(q + (size_t)where[n0 + d] * nw + i0, t[d]);
                 }
-#endif
-            for (int l = 0; l < je; l++) {
-                double *row = q + (size_t)(j0 + l) * nw;
-                const double *w = wt + perm[j0 + l];
-                for (int i = i0; i < real; i++)
-                    row[i] = w[(size_t)(k0 + i) * RP];
+            for (int n = 0; n < R; n++) {
+                double *row = q + (size_t)where[n] * nw;
+                for (int i = n < R8 ? real8 : 0; i < real; i++)
+                    row[i] = wt[(size_t)(k0 + i) * RP + n];
                 for (int i = real; i < nw; i++)
                     row[i] = 0.0;
             }
         }
+        return;
     }
+#endif
+    ISA(pack_bgx_rows)(wt, perm, R, C, RP, wq);
 }
 
 static const MatVecKernels ISA(kernels) = {MV_STR(MV_ISA), ISA(mv_fwd), ISA(mv_bgx), ISA(mv_bgw), ISA(mv_bgh),
