@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compiler
+from compiler.build import default_flags, find_compiler
 from compiler.ir import MatMat, MatVec, positions_of_ops
 from compiler.positions import positions
 from compiler.vectorize import vectorize
@@ -141,6 +142,18 @@ def test_without_the_pass_the_same_bits():
             model.backward()
             results.append((loss, model.outputs()[:n * CONFIG.vocab_size].tolist(), model.grads().tolist()))
         assert results[0] == results[1], n
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('threads', [2, 3])
+def test_backward_of_one_row_shares_its_parameter_gradients_between_threads(cc, threads):
+    """backward() of one sequence hands its weight gradients to the threads
+    (their helpers woken while the row's backward runs): the interpreter's
+    bits for every n, at any thread count (built to split any work)."""
+    _, graph = gpt_case(seed=9)
+    flags = default_flags(find_compiler(cc)) + ['-DMICROGRAD_MIN_WORK_PER_THREAD=0']
+    m = compile_gpt(graph, cc, threads=threads, flags=flags)
+    assert_positions_match(m, graph, random.Random(10), [CONFIG.block_size, 1, 3, 2, CONFIG.block_size])
 
 
 @pytest.mark.parametrize('threads', [1, 2, 3])

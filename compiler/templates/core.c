@@ -143,12 +143,30 @@ nn_has_forward(const void *state)
     return ((const NNState *)state)->forward_done;
 }
 
+typedef struct {
+    NNState *st;
+    const Block *b;
+} RowJob;
+
+/* One row's parameter gradients: each part its share (param_grads). */
+static void
+param_grads_job(void *ctx, int part, int parts)
+{
+    const RowJob *j = (const RowJob *)ctx;
+    param_grads(j->b, 1, part, parts, SCRATCH_OF(j->st, part));
+}
+
 NN_API void
 nn_backward(void *state)
 {
     NNState *st = (NNState *)state;
     if (!st->forward_done)
         return;
+    /* the parameter gradients go on the helpers when they are worth it:
+     * wake them now, while the row's backward runs, not when they are due */
+    const int T = threads_for(st, 1, 0);
+    if (T > 1)
+        pool_poke(&st->pool);
     Block b = block_of(st, st->one_v, st->one_g);
     b.input_grads = 1;
     b.upto = st->upto;
@@ -159,7 +177,8 @@ nn_backward(void *state)
     memset(st->one_g + N_INPUTS, 0, sizeof(double) * (end - N_INPUTS));
     memset(st->one_g + ROW_VALUES, 0, sizeof(double) * (ROW_STRIDE - ROW_VALUES));
     backward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
-    param_grads(&b, 1, 0, 1, SCRATCH_OF(st, 0));
+    RowJob job = {st, &b};
+    pool_run(&st->pool, param_grads_job, &job, T);
 }
 
 NN_API void

@@ -45,6 +45,7 @@ typedef struct {
     int started;
     int stop;
     unsigned long job_no;
+    unsigned long poke_no;    /* pool_poke: helpers asleep wake and spin a while */
     int running;              /* helpers still in the current job */
     Job job;
     void *ctx;
@@ -62,6 +63,7 @@ typedef struct {
 static void pool_init(Pool *pl);
 static void pool_run(Pool *pl, Job job, void *ctx, int T);
 static void pool_barrier(Pool *pl, int T);
+static void pool_poke(Pool *pl);
 static void pool_stop(Pool *pl);
 
 /* ---- the state ------------------------------------------------------------ */
