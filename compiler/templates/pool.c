@@ -17,15 +17,18 @@ typedef struct {
     unsigned long seen;
 } HelperStart;
 
-/* Waiting: a thread first spins a short while on the counter it waits for
- * (a barrier between the halves of a block costs a futex wake-up and a
- * reschedule otherwise: tens of microseconds on a VM, per barrier), then
- * sleeps on the condition variable. The counters change under the mutex and
- * are read outside it only by these spins (atomically; tcc: no spinning). */
+/* Waiting: a thread first spins a while on the counter it waits for (a
+ * sleeper costs a futex wake-up and a reschedule: tens of microseconds on a
+ * VM, per barrier or job), then sleeps on the condition variable. The
+ * counters change under the mutex and are read outside it only by these
+ * spins (atomically; tcc: no spinning). POOL_SPINS pauses are about 1 ms
+ * (25 ns a pause on AMD Zen 4; longer on Intel): a job often follows
+ * within that (the next batch, a step's optimizer after its backward), and
+ * a barrier's threads are rarely further apart. With more threads than
+ * CPUs, a spinner takes the CPU of the thread it waits for: a short spin. */
 #if defined(__GNUC__) && !defined(__TINYC__)
-#define POOL_SPINS 4000
-/* after pool_poke: the job comes after the rest of a backward (0.1-0.3 ms) */
-#define POOL_POKE_SPINS (8 * POOL_SPINS)
+#define POOL_SPINS 40000
+#define POOL_SPINS_CROWDED 400
 #define POOL_READ(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
 #define POOL_WRITE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 #if defined(__x86_64__) || defined(__i386__)
@@ -35,7 +38,7 @@ typedef struct {
 #endif
 #else
 #define POOL_SPINS 0
-#define POOL_POKE_SPINS 0
+#define POOL_SPINS_CROWDED 0
 #define POOL_READ(x) (x)
 #define POOL_WRITE(x, v) ((x) = (v))
 #define POOL_PAUSE() ((void)0)
@@ -53,11 +56,11 @@ pool_spin_while(const unsigned long *counter, unsigned long value, int spins)
     return 0;
 }
 
-/* Spin until *running is 0, or give up. */
+/* Spin until *running is 0, or give up after `spins` pauses. */
 static void
-pool_spin_while_busy(const int *running)
+pool_spin_while_busy(const int *running, int spins)
 {
-    for (int i = 0; i < POOL_SPINS && POOL_READ(*running) > 0; i++)
+    for (int i = 0; i < spins && POOL_READ(*running) > 0; i++)
         POOL_PAUSE();
 }
 
@@ -70,11 +73,11 @@ pool_helper(void *arg)
     unsigned long seen = start->seen;
     free(start);
     pthread_mutex_lock(&pl->mu);
-    int spins = POOL_SPINS;
     for (;;) {
         if (!pl->stop && pl->job_no == seen) {
+            const int spins = pl->spins;
             pthread_mutex_unlock(&pl->mu);
-            pool_spin_while(&pl->job_no, seen, spins);     /* the next job often follows at once */
+            pool_spin_while(&pl->job_no, seen, spins);     /* the next job often follows soon */
             pthread_mutex_lock(&pl->mu);
         }
         const unsigned long poked = pl->poke_no;
@@ -82,11 +85,8 @@ pool_helper(void *arg)
             pthread_cond_wait(&pl->wake, &pl->mu);
         if (pl->stop)
             break;
-        if (pl->job_no == seen) {     /* poked: a job is coming, spin for it */
-            spins = POOL_POKE_SPINS;
+        if (pl->job_no == seen)      /* poked: a job is coming, spin for it */
             continue;
-        }
-        spins = POOL_SPINS;
         seen = pl->job_no;
         if (t < pl->T) {
             Job job = pl->job;
@@ -114,6 +114,9 @@ pool_init(Pool *pl)
     pthread_cond_init(&pl->turn, NULL);
     pl->started = pl->stop = pl->running = pl->waiting = 0;
     pl->job_no = pl->phase = pl->poke_no = 0;
+    pl->spins = POOL_SPINS;
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    pl->cpus = cpus > 0 ? (int)cpus : 1;
     pl->pid = getpid();
 }
 
@@ -161,6 +164,7 @@ pool_run(Pool *pl, Job job, void *ctx, int T)
         pl->job = job;
         pl->ctx = ctx;
         pl->T = T;
+        pl->spins = T <= pl->cpus ? POOL_SPINS : POOL_SPINS_CROWDED;
         pl->running = T - 1;
         pl->waiting = 0;
         POOL_WRITE(pl->job_no, pl->job_no + 1);
@@ -169,7 +173,7 @@ pool_run(Pool *pl, Job job, void *ctx, int T)
     }
     job(ctx, 0, T);
     if (T > 1) {
-        pool_spin_while_busy(&pl->running);
+        pool_spin_while_busy(&pl->running, pl->spins);
         pthread_mutex_lock(&pl->mu);
         while (pl->running > 0)
             pthread_cond_wait(&pl->idle, &pl->mu);
@@ -192,7 +196,7 @@ pool_barrier(Pool *pl, int T)
         return;
     }
     pthread_mutex_unlock(&pl->mu);
-    if (pool_spin_while(&pl->phase, phase, POOL_SPINS))
+    if (pool_spin_while(&pl->phase, phase, pl->spins))
         return;
     pthread_mutex_lock(&pl->mu);
     while (phase == pl->phase)

@@ -46,6 +46,8 @@ typedef struct {
     int stop;
     unsigned long job_no;
     unsigned long poke_no;    /* pool_poke: helpers asleep wake and spin a while */
+    int spins;                /* how long a waiting thread spins before it sleeps (pool.c) */
+    int cpus;                 /* online: more threads than these spin less */
     int running;              /* helpers still in the current job */
     Job job;
     void *ctx;
