@@ -1,5 +1,6 @@
 """The vectorizing pass: what it recognises, what it leaves alone, and that
 every program it produces matches the interpreter bit for bit."""
+import math
 import random
 
 import pytest
@@ -263,6 +264,38 @@ def log_relu_layer(inputs, params):
     """18 neurons, then sum(log(relu(y))): inf or nan gradients where y <= 0."""
     ys = bias_first_layer(inputs, params, 18)
     return sum(y.relu().log() for y in ys), ys
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+@pytest.mark.parametrize('rows', [17, 16])
+def test_a_weight_adam_overflows_turns_off_the_zero_skipping(cc, rows):
+    # the same through the compiled Adam, which reports whether the weights it
+    # stepped are finite instead of having them checked again (16 rows: W is
+    # its own panel, so the flag is Adam's); lr 1.7e308 moves each weight by
+    # about lr a step: finite once, infinite the second time
+    import numpy as np
+
+    def build(inputs, params):
+        ys = bias_first_layer(inputs, params, rows)
+        return sum(ys), ys
+    params = [0.5] * (rows * 4)
+    m = compiler.compile(*_graph(build, 3, params), cc=cc, optimizer=compiler.Adam(1.7e308))
+    assert ('its own panel' in m.source) == (rows == 16)
+    for _ in range(2):
+        m.set_input([1.0, 1.0, 1.0])
+        m.forward()
+        m.backward()
+        m.step(zero_grad=True)
+    p = m.params()
+    assert np.isinf(p).any()
+    m.set_input([0.0, 0.0, 0.0])
+    m.forward()
+    inputs = [Value(0.0) for _ in range(3)]
+    _, ys = build(inputs, [Value(v) for v in p])
+    assert any(math.isnan(y.data) for y in ys)
+    for got, y in zip(m.outputs(), ys):
+        assert same(got, y.data), (got, y.data)
 
 
 def bias_first_layer(inputs, params, rows):

@@ -114,7 +114,7 @@ class MatVecRenderer:
             lo = lay.weight_base[wt0]
             if wa.panels < 0:       # W is its own panel: read in place, checked only
                 blocks[wt0] = [(lo, lo + op.cols * RP), op.rows * op.cols // 2, [
-                    f'aux[{wa.finite}] = mv_all_finite(p + {lo}, {op.cols * RP});   '
+                    f'aux[{wa.finite}] = finite >= 0 ? finite : mv_all_finite(p + {lo}, {op.cols * RP});   '
                     f'/* W of {self.name[id(op)]}: {op.rows}x{op.cols}, its own panel */']]
                 continue
             blocks[wt0] = [(lo, lo + op.cols * RP), op.rows * op.cols, [

@@ -128,14 +128,15 @@ def _weight_packs(blocks, param_span):
         if at < lo:
             others.append((at, lo))
         at = hi
-    out = ['/* the packed copies of weight block i (WEIGHT_SPANS[i], heaviest first) from its part of p alone */',
-           'static void\npack_weights(const double *restrict p, double *restrict aux, int i)\n{']
+    out = ['/* the packed copies of weight block i (WEIGHT_SPANS[i], heaviest first) from its part of p alone;',
+           ' * finite: whether all of that part is finite (1 or 0; -1 not known: checked here) */',
+           'static void\npack_weights(const double *restrict p, double *restrict aux, int i, int finite)\n{']
     if blocks:
         out += ['    switch (i) {']
         for i, (_, _, statements) in enumerate(blocks):
             out += [f'    case {i}:'] + [f'        {statement}' for statement in statements] + ['        break;']
         out += ['    }']
-    out += ['    (void)p; (void)aux; (void)i;\n}\n']
+    out += ['    (void)p; (void)aux; (void)i; (void)finite;\n}\n']
     return out, [span for span, _, _ in blocks], others
 
 

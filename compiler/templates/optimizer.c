@@ -32,18 +32,25 @@
         (P) = p_ - lr * mhat_ / (SQRT(vhat_) + OPT_EPS);                                   \
     } while (0)
 
-static void
+/* Returns whether every new p[j] is finite (p - p is 0 for a finite p only:
+ * a sum of them is 0, or NaN once one is not). */
+static int
 adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s,
             double lr, double divisor, double c1, double c2, int j0, int j1)
 {
-    for (int j = j0; j < j1; j++)
+    double z = 0.0;
+    for (int j = j0; j < j1; j++) {
         ADAM_STEP(double, sqrt, p[j], gp[j] / divisor, m[j], s[j]);
+        z += p[j] - p[j];
+    }
+    return z == 0.0;
 }
 
 /* The same steps a vector of parameters at a time (the scalar loop cannot
  * be vectorised by the compiler: sqrt may set errno); returns how many were
- * done. One function per instruction set, chosen by the state's
- * vector_level (read at load). */
+ * done, and *finite 0 if a new parameter is not finite (as adam_scalar:
+ * free beside the divisions). One function per instruction set, chosen by
+ * the state's vector_level (read at load). */
 #if defined(HAVE_VECTOR_LEVEL) && !defined(NN_NO_INTRINSICS)
 #define ADAM_VECTORS 1
 /* The divider bounds these loops (three divisions and a square root a
@@ -51,9 +58,11 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
  * batch of one, and by 1 - b1^t once b1^t is below half an ulp of 1 (with
  * b1 = 0.85, from step 231; 0.9, from step 356). */
 #define ADAM_VECTOR_RUN(NAME, W, G, C1)                                                    \
-    for (; j + W <= j1; j += W)                                                            \
+    for (; j + W <= j1; j += W) {                                                          \
         ADAM_STEP_BY(NAME##_v, NAME##_sqrt, *(NAME##_v *)(p + j), G, *(NAME##_v *)(m + j),  \
-                     *(NAME##_v *)(s + j), C1, c2)
+                     *(NAME##_v *)(s + j), C1, c2);                                        \
+        z += *(NAME##_v *)(p + j) - *(NAME##_v *)(p + j);                                  \
+    }
 #define G_AT(NAME) (*(const NAME##_v *)(gp + j))
 #define ADAM_VECTOR_LOOP(NAME, TARGET, W, SQRT_INTRINSIC, VTYPE)                            \
     typedef double NAME##_v __attribute__((vector_size(W * 8), aligned(8)));               \
@@ -61,17 +70,20 @@ adam_scalar(double *restrict p, const double *restrict gp, double *restrict m, d
     NAME##_sqrt(NAME##_v x) { return (NAME##_v)SQRT_INTRINSIC((VTYPE)x); }                  \
     __attribute__((target(TARGET))) static int                                             \
     NAME(double *restrict p, const double *restrict gp, double *restrict m, double *restrict s, \
-         double lr, double divisor, double c1, double c2, int j0, int j1)                  \
+         double lr, double divisor, double c1, double c2, int j0, int j1, int *finite)     \
     {                                                                                      \
         int j = j0;                                                                        \
+        NAME##_v z = {0};                                                                  \
         if (divisor == 1.0 && c1 == 1.0)                                                   \
-            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME), 1.0);                                       \
+            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME), 1.0)                                        \
         else if (divisor == 1.0)                                                           \
-            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME), c1);                                        \
+            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME), c1)                                         \
         else if (c1 == 1.0)                                                                \
-            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME) / divisor, 1.0);                             \
+            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME) / divisor, 1.0)                              \
         else                                                                               \
-            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME) / divisor, c1);                              \
+            ADAM_VECTOR_RUN(NAME, W, G_AT(NAME) / divisor, c1)                               \
+        for (int l = 0; l < W; l++)                                                        \
+            *finite &= z[l] == 0.0;                                                        \
         return j;                                                                          \
     }
 ADAM_VECTOR_LOOP(adam_sse2, "sse2", 2, _mm_sqrt_pd, __m128d)
@@ -84,8 +96,9 @@ ADAM_VECTOR_LOOP(adam_avx512, "avx512f", 8, _mm512_sqrt_pd, __m512d)
 
 /* One step on the gradients gp / divisor for the parameters j0 <= j < j1
  * (each parameter's step is its own: any split of the range gives the same
- * bits). `t` is the step's number, from 1. */
-static void
+ * bits). `t` is the step's number, from 1. Returns whether the new
+ * parameters are all finite (1 or 0: Adam, which sees them go by), or -1. */
+static int
 optimizer_range(NNState *st, double lr, double divisor, double t, int j0, int j1)
 {
     double *restrict p = st->p;
@@ -94,6 +107,7 @@ optimizer_range(NNState *st, double lr, double divisor, double t, int j0, int j1
     for (int j = j0; j < j1; j++)
         p[j] -= lr * (gp[j] / divisor);
     (void)t;
+    return -1;
 #elif OPT_KIND == OPT_SGD
     /* g += wd * p;  b = g (first step) or momentum * b + g;  g = g + momentum * b
      * (nesterov) or b;  p -= lr * g */
@@ -109,18 +123,19 @@ optimizer_range(NNState *st, double lr, double divisor, double t, int j0, int j1
         }
         p[j] = p[j] - lr * g;
     }
+    return -1;
 #else
     double *restrict m = st->state + 1, *restrict s = st->state + 1 + N_PARAM_SPAN;
     const double c1 = 1.0 - pow(OPT_BETA1, t), c2 = 1.0 - pow(OPT_BETA2, t);
-    int j = j0;
+    int j = j0, finite = 1;
 #if ADAM_VECTORS
     switch (st->vector_level) {
-    case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
-    case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2, j0, j1); break;
-    default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2, j0, j1);
+    case 2: j = adam_avx512(p, gp, m, s, lr, divisor, c1, c2, j0, j1, &finite); break;
+    case 1: j = adam_avx(p, gp, m, s, lr, divisor, c1, c2, j0, j1, &finite); break;
+    default: j = adam_sse2(p, gp, m, s, lr, divisor, c1, c2, j0, j1, &finite);
     }
 #endif
-    adam_scalar(p, gp, m, s, lr, divisor, c1, c2, j, j1);
+    return adam_scalar(p, gp, m, s, lr, divisor, c1, c2, j, j1) && finite;
 #endif
 }
 
@@ -129,7 +144,7 @@ static void
 refresh_aux(const double *restrict p, double *restrict aux)
 {
     for (int i = 0; i < N_WEIGHT_BLOCKS; i++)
-        pack_weights(p, aux, i);
+        pack_weights(p, aux, i, -1);
     refresh_rest(p, aux);
 }
 
@@ -140,13 +155,15 @@ typedef struct {
 } OptimizerJob;
 
 /* The step of the parameters [j0, j1), then (o->zero) their gradients zeroed
- * while they are in this thread's cache: step() then zero_grad() in one pass. */
-static void
+ * while they are in this thread's cache: step() then zero_grad() in one pass.
+ * Returns optimizer_range's finite flag. */
+static int
 step_range(const OptimizerJob *o, int j0, int j1)
 {
-    optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
+    const int finite = optimizer_range(o->st, o->lr, o->divisor, o->t, j0, j1);
     if (o->zero && j1 > j0)
         memset(o->st->gp + j0, 0, sizeof(double) * (size_t)(j1 - j0));
+    return finite;
 }
 
 /* Steps the other parameters [from, upto) of OTHER_SPANS laid end to end. */
@@ -212,10 +229,8 @@ optimizer_job(void *ctx, int part, int parts)
     NNState *st = o->st;
     long share[2];
     if (blocks_dealt(part, parts, share)) {
-        for (int i = part; i < N_WEIGHT_BLOCKS; i += parts) {
-            step_range(o, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]);
-            pack_weights(st->p, st->aux, i);
-        }
+        for (int i = part; i < N_WEIGHT_BLOCKS; i += parts)
+            pack_weights(st->p, st->aux, i, step_range(o, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]));
         step_other_share(o, share[0], share[1]);
         return;
     }
@@ -228,7 +243,7 @@ optimizer_job(void *ctx, int part, int parts)
     step_range(o, j0, j1);
     pool_barrier(&st->pool, parts);
     for (int i = part; i < N_WEIGHT_BLOCKS; i += parts)
-        pack_weights(st->p, st->aux, i);
+        pack_weights(st->p, st->aux, i, -1);
 }
 
 /* Below this many parameters, waking the helpers costs more than they save. */
@@ -240,12 +255,10 @@ static void
 optimizer_step(NNState *st, double lr, double divisor, int T, int zero)
 {
     OptimizerJob o = {st, lr, divisor, st->state[0] + 1.0, zero};
-    if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS) {
+    if (T > 1 && N_PARAM_SPAN >= MIN_SPLIT_PARAMS)
         pool_run(&st->pool, optimizer_job, &o, T);
-        refresh_rest(st->p, st->aux);
-    } else {
-        step_range(&o, 0, N_PARAM_SPAN);
-        refresh_aux(st->p, st->aux);
-    }
+    else
+        optimizer_job(&o, 0, 1);      /* block by block too: each packed while in cache */
+    refresh_rest(st->p, st->aux);
     st->state[0] = o.t;
 }
