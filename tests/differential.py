@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler.build import default_flags, find_compiler
 from compiler.codegen.layout import Layout
 from compiler.ir import needs_grad
 from compiler.trace import trace_with_slots
@@ -19,6 +20,12 @@ COMPILERS = [cc for cc in ('tcc', 'clang', 'gcc') if shutil.which(cc)]
 # the quickest to build with, for tests about something other than a compiler
 FAST_CC = 'tcc' if 'tcc' in COMPILERS else (COMPILERS[0] if COMPILERS else None)
 needs_cc = pytest.mark.skipif(not COMPILERS, reason="no C compiler installed")
+
+
+def split_flags(cc):
+    """``cc``'s default flags, built so that every thread asked for does a
+    share of even one row (by default a small job runs on fewer threads)."""
+    return default_flags(find_compiler(cc)) + ['-DMICROGRAD_MIN_WORK_PER_THREAD=0']
 
 
 def same(a, b):

@@ -16,11 +16,10 @@ import pytest
 
 import compiler
 from compiler.constants import MAX_THREADS
-from compiler.build import default_flags, find_compiler
-from tests.differential import COMPILERS, FAST_CC, assert_train_batch_matches_interpreter, compile_graph, needs_cc
+from tests.differential import (COMPILERS, FAST_CC, assert_train_batch_matches_interpreter, compile_graph, needs_cc,
+                                split_flags)
 from tests.graphs import mlp_builder
 
-SPLIT_ANY_WORK = '-DMICROGRAD_MIN_WORK_PER_THREAD=0'
 THREAD_COUNTS = (1, 2, 3, 8)
 
 # (inputs, hidden, classes, rows): layer sizes and batches of 1, 7, 63, 64,
@@ -38,10 +37,6 @@ SHAPES = [
 
 def mlp_params(sizes, seed=1):
     return list(np.random.default_rng(seed).uniform(-0.5, 0.5, sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))))
-
-
-def split_flags(cc):
-    return default_flags(find_compiler(cc)) + [SPLIT_ANY_WORK]
 
 
 def batch(n_in, classes, rows, seed=2):

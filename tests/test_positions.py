@@ -8,14 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compiler
-from compiler.build import default_flags, find_compiler
 from compiler.ir import MatMat, MatVec, positions_of_ops
 from compiler.positions import positions
 from compiler.vectorize import vectorize
 from micrograd import Value, cross_entropy
 from microgpt import Config, init_weights, sequence_graph, value_weights
 
-from tests.differential import COMPILERS, FAST_CC, needs_cc, same
+from tests.differential import COMPILERS, FAST_CC, needs_cc, same, split_flags
 
 pytestmark = needs_cc
 
@@ -151,8 +150,7 @@ def test_backward_of_one_row_shares_its_parameter_gradients_between_threads(cc, 
     (their helpers woken while the row's backward runs): the interpreter's
     bits for every n, at any thread count (built to split any work)."""
     _, graph = gpt_case(seed=9)
-    flags = default_flags(find_compiler(cc)) + ['-DMICROGRAD_MIN_WORK_PER_THREAD=0']
-    m = compile_gpt(graph, cc, threads=threads, flags=flags)
+    m = compile_gpt(graph, cc, threads=threads, flags=split_flags(cc))
     assert_positions_match(m, graph, random.Random(10), [CONFIG.block_size, 1, 3, 2, CONFIG.block_size])
 
 

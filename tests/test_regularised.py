@@ -13,7 +13,7 @@ from micrograd import Value
 from micrograd.nn import MLP
 
 from tests.differential import (COMPILERS, FAST_CC, assert_matches_interpreter,
-                                assert_train_batch_matches_interpreter, compile_graph, needs_cc)
+                                assert_train_batch_matches_interpreter, compile_graph, needs_cc, split_flags)
 
 
 def squares(params, alpha=1e-4):
@@ -389,11 +389,6 @@ def test_random_penalised_mlps_match_the_interpreter(cc, shape, data):
 # contributions in its backward order. Built with every thread doing a share
 # of even a small batch (-DMICROGRAD_MIN_WORK_PER_THREAD=0).
 
-def split_any_work(cc):
-    from compiler.build import default_flags, find_compiler
-    return default_flags(find_compiler(cc)) + ['-DMICROGRAD_MIN_WORK_PER_THREAD=0']
-
-
 def hoisted_part(m):
     from compiler.invariant import hoisted
     from compiler.ir import needs_grad
@@ -414,7 +409,7 @@ def squares_of(m):
 def test_the_regulariser_runs_once_per_step_and_every_row_still_adds_its_contributions(cc, threads, where):
     build, params = hinge_mlp(SIZES, where), start_params(n_params(SIZES))
     m = assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 150), params, 0.05, cc, steps=2,
-                                               threads=threads, flags=split_any_work(cc))
+                                               threads=threads, flags=split_flags(cc))
     part = hoisted_part(m)
     squares = squares_of(m)
     assert squares and squares <= part.backward          # their forward and backward: once
@@ -438,7 +433,7 @@ def test_weights_of_minus_zero_and_overflowing_squares_under_the_regulariser(cc,
             params[i] = x
         build = hinge_mlp(SIZES, 'after')
         assert_train_batch_matches_interpreter(build, hinge_rows(SIZES, 70), params, 0.05, cc, steps=2,
-                                               threads=threads, flags=split_any_work(cc))
+                                               threads=threads, flags=split_flags(cc))
         assert_matches_interpreter(build, hinge_rows(SIZES, 2).tolist(), params, cc)
 
 
@@ -467,7 +462,7 @@ def partly_invariant(inputs, params):
 def test_values_the_same_in_every_row_whose_gradients_are_not(cc, threads):
     params = start_params(n_params(SIZES), seed=7)
     m = assert_train_batch_matches_interpreter(partly_invariant, hinge_rows(SIZES, 90, seed=3), params, 0.05, cc,
-                                               steps=2, threads=threads, flags=split_any_work(cc))
+                                               steps=2, threads=threads, flags=split_flags(cc))
     part, ops = hoisted_part(m), m.program.ops
     slots = list(m.program.param_slots)         # (the pass orders the weights by column)
     once = {slots.index(ops[i].args[0]) for i in part.backward if getattr(ops[i], 'name', None) == '*'}
