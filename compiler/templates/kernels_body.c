@@ -645,9 +645,20 @@ ISA(pack_fwd)(const double *wt, int R, int C, int RP, double *wp)
     return finite;
 }
 
+/* Inputs from..real-1 of a panel's row (from k0 on) one weight at a time
+ * from W's row at w, read by column (RP apart); zeros past real up to nw. */
+static inline void
+ISA(pack_bgx_tail)(double *row, const double *w, int k0, int from, int real, int nw, int RP)
+{
+    for (int i = from; i < real; i++)
+        row[i] = w[(size_t)(k0 + i) * RP];
+    for (int i = real; i < nw; i++)
+        row[i] = 0.0;
+}
+
 /* Input-gradient panels: panels of 64 inputs, W's rows in the backward
  * order perm: wq[64q*R + j*nw + i] = W[perm[j]][64q + i]. Row j of a panel
- * is one weight at a time from W's row perm[j], read by column (RP apart). */
+ * is one weight at a time from W's row perm[j]. */
 static void
 ISA(pack_bgx_rows)(const double *wt, const int *perm, int R, int C, int RP, double *wq)
 {
@@ -655,14 +666,8 @@ ISA(pack_bgx_rows)(const double *wt, const int *perm, int R, int C, int RP, doub
     for (int k0 = 0; k0 < C8; k0 += MV_PW) {
         const int nw = mv_min(MV_PW, C8 - k0), real = mv_min(nw, C - k0);
         double *q = wq + (size_t)k0 * R;
-        for (int j = 0; j < R; j++) {
-            double *row = q + (size_t)j * nw;
-            const double *w = wt + perm[j];
-            for (int i = 0; i < real; i++)
-                row[i] = w[(size_t)(k0 + i) * RP];
-            for (int i = real; i < nw; i++)
-                row[i] = 0.0;
-        }
+        for (int j = 0; j < R; j++)
+            ISA(pack_bgx_tail)(q + (size_t)j * nw, wt + perm[j], k0, 0, real, nw, RP);
     }
 }
 
@@ -698,13 +703,8 @@ ISA(pack_bgx)(const double *wt, const int *perm, int R, int C, int RP, double *w
                     for (int d = 0; d < 8; d++)
                         _mm512_storeu_pd(q + (size_t)where[n0 + d] * nw + i0, t[d]);
                 }
-            for (int n = 0; n < R; n++) {
-                double *row = q + (size_t)where[n] * nw;
-                for (int i = n < R8 ? real8 : 0; i < real; i++)
-                    row[i] = wt[(size_t)(k0 + i) * RP + n];
-                for (int i = real; i < nw; i++)
-                    row[i] = 0.0;
-            }
+            for (int n = 0; n < R; n++)
+                ISA(pack_bgx_tail)(q + (size_t)where[n] * nw, wt + n, k0, n < R8 ? real8 : 0, real, nw, RP);
         }
         return;
     }
