@@ -18,7 +18,6 @@ import threading
 import numpy as np
 
 
-
 def _multiarray_with_hint():
     """numpy's ``multiarray`` (``numpy._core``'s in numpy 2, ``numpy.core``'s
     in numpy 1), or None where it has no huge-page hint."""
