@@ -6,6 +6,7 @@ that even a one-row batch is split over every thread asked for (by default
 a small batch runs on fewer threads than asked, to stay fast)."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -95,6 +96,37 @@ def test_eight_threads_match_the_interpreter(cc):
     X = batch(20, 4, 300)
     assert_train_batch_matches_interpreter(mlp_builder(sizes), X, mlp_params(sizes), 0.5, cc, steps=2,
                                            flags=split_flags(cc), threads=8)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_a_non_finite_number_in_any_block_refuses_the_batch_and_changes_nothing(cc):
+    # train_batch checks X a block of 64 rows at a time, each thread its own
+    # rows, as it runs them: the rows before run first, into gradients of
+    # their own, which a refused batch drops
+    sizes = [20, 9, 4]
+    params = mlp_params(sizes)
+    m = compile_graph(mlp_builder(sizes), 24, params, cc, flags=split_flags(cc))
+    X = batch(20, 4, 300)
+    cases = [([(150, 3), (180, 7), (250, 21)], (150, 3)),   # in a later block, on threads 0 and 1 of 2
+             ([(180, 7), (130, 22), (250, 1)], (130, 22)),  # a label column; the first in X, not in the list
+             ([(299, 19)], (299, 19))]                       # the last number of the last, short block
+    for T in (1, 2, 3):
+        m.threads = T
+        for bad, first in cases:
+            m.set_params(params)
+            m.train_batch(X, 0.25)          # gradients and parameters to keep
+            kept = m.params().tobytes(), m.grads().tobytes()
+            Y = X.copy()
+            for (r, c), v in zip(bad, (np.nan, np.inf, -np.inf)):
+                Y[r, c] = v
+            with pytest.raises(ValueError, match=re.escape(f'X[{first[0]}, {first[1]}] is not finite')):
+                m.train_batch(Y, 0.25)
+            assert (m.params().tobytes(), m.grads().tobytes()) == kept, f"{T} threads, {bad}"
+            m.set_params(params)            # and a whole batch runs as if nothing had been tried
+            m.train_batch(X, 0.25)
+            again = m.params().tobytes(), m.grads().tobytes()
+            assert again == kept, f"{T} threads, {bad}: a whole batch after a refused one"
 
 
 @needs_cc

@@ -10,12 +10,10 @@
 #define MICROGRAD_MIN_WORK_PER_THREAD 2000000.0   /* -D...=0 splits any work (the tests) */
 #endif
 #define MIN_WORK_PER_THREAD ((double)MICROGRAD_MIN_WORK_PER_THREAD)
-/* Below this many numbers, checking them for inf and NaN on helpers costs more than it saves. */
-#define MIN_SPLIT_CHECK 65536
 
 /* The index of the first inf or NaN of x[0:n], or -1. A chunk at a time,
  * by the exponent bits, without an early exit: a loop the compiler can
- * vectorise (train_batch checks every number of X before it changes anything). */
+ * vectorise (train_batch checks each row of X just before it runs it). */
 static long
 first_non_finite(const double *x, long n)
 {
@@ -65,7 +63,6 @@ typedef struct {
     int cols;                 /* N_INPUTS, or N_FEATURES (predict) */
     double *out;              /* predict's outputs */
     double *losses;           /* train_batch: each row's loss, in order */
-    long n;                   /* batch_check: numbers to check */
 } Batch;
 
 /* Row r of X into the block row `row`: with every input given, the inputs
@@ -96,29 +93,23 @@ reads_x(Block *b, const Batch *bt, long b0)
     }
 }
 
+/* The first non-finite number of this block's rows [r0, r1) of X into
+ * st->first[t] (an index into X), or -1. */
 static void
-check_job(void *ctx, int part, int parts)
+check_rows(const Batch *bt, long b0, int r0, int r1, int t)
 {
-    const Batch *bt = (const Batch *)ctx;
-    const long i0 = bt->n * part / parts, i1 = bt->n * (part + 1) / parts;
-    const long i = first_non_finite(bt->X + i0, i1 - i0);
-    bt->st->first[part] = i < 0 ? -1 : i0 + i;
+    const long i0 = (b0 + r0) * N_INPUTS, i = first_non_finite(bt->X + i0, (long)(r1 - r0) * N_INPUTS);
+    bt->st->first[t] = i < 0 ? -1 : i0 + i;
 }
 
-/* first_non_finite(x, n), its parts on T threads */
-static long
-batch_check(NNState *st, const double *x, long n, int T)
+/* Whether a thread found a non-finite number (after a barrier: all have looked). */
+static int
+found_non_finite(const NNState *st, int T)
 {
-    if (T == 1 || n < MIN_SPLIT_CHECK)
-        return first_non_finite(x, n);
-    Batch bt = {st, x, 0, 0, NULL, NULL, n};
-    for (int part = 0; part < T; part++)
-        st->first[part] = -1;     /* (pool_run may get fewer threads than T) */
-    pool_run(&st->pool, check_job, &bt, T);
-    for (int part = 0; part < T; part++)
-        if (st->first[part] >= 0)
-            return st->first[part];
-    return -1;
+    for (int t = 0; t < T; t++)
+        if (st->first[t] >= 0)
+            return 1;
+    return 0;
 }
 
 static void
@@ -131,36 +122,58 @@ train_job(void *ctx, int t, int T)
     for (long b0 = 0; b0 < bt->rows; b0 += BLOCK) {
         const int n = bt->rows - b0 < BLOCK ? (int)(bt->rows - b0) : BLOCK;
         const int r0 = (int)((long long)n * t / T), r1 = (int)((long long)n * (t + 1) / T);
-        reads_x(&b, bt, b0);
-        /* the inputs' gradients are not computed here (b.input_grads is 0:
-         * nothing reads them, scalar code may only add to them): the rest
-         * of each gradient row that rows use (ROW_ZERO) starts at 0 */
-        for (int r = r0; r < r1; r++) {
-            load_row(bt, b0 + r, ROW(b.v, r));
-            memset(ROW(b.g, r) + N_INPUTS, 0, sizeof(double) * (ROW_ZERO - N_INPUTS));
+        /* each thread checks its rows as it comes to them (they are then in
+         * its cache for the forward); a block with a non-finite number
+         * anywhere ends the batch after the barrier, before the step */
+        check_rows(bt, b0, r0, r1, t);
+        if (st->first[t] < 0) {
+            reads_x(&b, bt, b0);
+            /* the inputs' gradients are not computed here (b.input_grads is 0:
+             * nothing reads them, scalar code may only add to them): the rest
+             * of each gradient row that rows use (ROW_ZERO) starts at 0 */
+            for (int r = r0; r < r1; r++) {
+                load_row(bt, b0 + r, ROW(b.v, r));
+                memset(ROW(b.g, r) + N_INPUTS, 0, sizeof(double) * (ROW_ZERO - N_INPUTS));
+            }
+            forward_rows(&b, r0, r1, scratch);
+            for (int r = r0; r < r1; r++)
+                bt->losses[b0 + r] = LOSS_OF(ROW(b.v, r), b.p);
+            backward_rows(&b, r0, r1, scratch);
         }
-        forward_rows(&b, r0, r1, scratch);
-        for (int r = r0; r < r1; r++)
-            bt->losses[b0 + r] = LOSS_OF(ROW(b.v, r), b.p);
-        backward_rows(&b, r0, r1, scratch);
         pool_barrier(&st->pool, T);
+        if (found_non_finite(st, T))
+            return;
         param_grads(&b, n, t, T, scratch);
         pool_barrier(&st->pool, T);
     }
 }
 
-/* Zero the gradients, forward and backward on every row of X (finite: the
- * caller checked), each row's loss into losses[]; returns their sum. */
-static double
-batch_train(NNState *st, const double *X, long rows, double *losses, int T)
+/* Forward and backward on every row of X, each row's loss into losses[],
+ * the parameters' gradients into st->gp. Returns the index in X of the
+ * first inf or NaN (rows are checked a block at a time, as they are run),
+ * or -1 and the sum of the losses in *total. On -1 the gradients were
+ * summed into a buffer of their own, swapped in only now: a refused batch
+ * leaves st->gp as it was. */
+static long
+batch_train(NNState *st, const double *X, long rows, double *losses, int T, double *total)
 {
-    Batch bt = {st, X, rows, N_INPUTS, NULL, losses, 0};
+    Batch bt = {st, X, rows, N_INPUTS, NULL, losses};
+    double *before = st->gp;
+    st->gp = st->gp_next;
     memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);
+    for (int t = 0; t < T; t++)
+        st->first[t] = -1;     /* (pool_run may get fewer threads than T) */
     pool_run(&st->pool, train_job, &bt, T);
-    double total = 0.0;
+    for (int t = 0; t < T; t++)
+        if (st->first[t] >= 0) {
+            st->gp = before;
+            return st->first[t];
+        }
+    st->gp_next = before;
+    *total = 0.0;
     for (long r = 0; r < rows; r++)
-        total += losses[r];
-    return total;
+        *total += losses[r];
+    return -1;
 }
 
 static void
@@ -192,7 +205,7 @@ predict_job(void *ctx, int t, int T)
 static void
 batch_predict(NNState *st, const double *X, long rows, int cols, double *out, int T)
 {
-    Batch bt = {st, X, rows, cols, out, NULL, 0};
+    Batch bt = {st, X, rows, cols, out, NULL};
     if (rows > 0)
         pool_run(&st->pool, predict_job, &bt, T);
 }

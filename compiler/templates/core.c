@@ -114,7 +114,7 @@ nn_release(void *state)
     st->raw_scratch = NULL;
     st->first = NULL;
     st->capacity = 0;
-    st->p = NULL;
+    st->p = st->gp = st->gp_next = NULL;
 }
 
 NN_API void
@@ -223,13 +223,18 @@ nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_
     double *losses = (double *)malloc(sizeof(double) * (size_t)(rows > 0 ? rows : 1));
     if (losses == NULL)
         return NN_ENOMEM;
+    if (st->gp_next == NULL &&
+        (st->gp_next = (double *)alloc_aligned(N_PARAM_SPAN, sizeof(double), &st->raw[8])) == NULL) {
+        free(losses);
+        return NN_ENOMEM;
+    }
     const int T = threads_for(st, rows, 1);
-    *bad = batch_check(st, X, rows * N_INPUTS, T);
+    double total;
+    *bad = batch_train(st, X, rows, losses, T, &total);
     if (*bad >= 0) {
         free(losses);
         return NN_ENONFINITE;
     }
-    const double total = batch_train(st, X, rows, losses, T);
     optimizer_step(st, lr, (double)rows, T, 0);
     free(losses);
     *mean_loss = total / (double)rows;

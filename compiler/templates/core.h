@@ -36,9 +36,10 @@ NN_API void nn_update(void *state, double lr);                    /* p -= lr * g
 NN_API void nn_step(void *state, double lr);                      /* the compiled optimizer */
 NN_API void nn_step_zero_grad(void *state, double lr);            /* nn_step then nn_zero_grad, in one pass */
 /* Zero the gradients, forward and backward on every row of X [rows,
- * N_INPUTS] (in row order), one step on their mean; *mean_loss. Checks X
- * first: NN_ENONFINITE (*bad: the index of the first inf or NaN) changes
- * nothing. */
+ * N_INPUTS] (in row order), one step on their mean; *mean_loss. An inf or
+ * NaN anywhere in X: NN_ENONFINITE (*bad: the index of the first) and
+ * nothing changed (not the parameters, not the gradients). NN_ENOMEM: the
+ * first call could not allocate its second gradient buffer. */
 NN_API int nn_train_batch(void *state, long rows, const double *X, double lr, double *mean_loss, long *bad);
 /* Forward on every row of X [rows, N_INPUTS], the outputs into out [rows,
  * N_OUTPUTS]; NN_OK. nn_predict_columns: X has `cols` columns, N_INPUTS or

@@ -72,12 +72,13 @@ static void pool_stop(Pool *pl);
 
 typedef struct NNState {
     double *p, *gp, *aux;
+    double *gp_next;          /* nn_train_batch's gradients, swapped with gp when the batch is whole */
     double *one_v, *one_g;    /* the row of nn_set_input, nn_forward, nn_backward */
     double *v, *g;            /* BLOCK rows for nn_train_batch and nn_predict */
     double *state;            /* the optimizer's: t, then vectors of N_PARAM_SPAN */
     char *scratch;            /* SCRATCH_BYTES per thread, for `capacity` threads */
     long *first;              /* per thread: where it found a non-finite number */
-    void *raw[8];             /* what was allocated (the arrays above are 64-byte aligned in it) */
+    void *raw[9];             /* what was allocated (the arrays above are 64-byte aligned in it) */
     void *raw_scratch;
     int capacity;             /* threads the scratch memory is for */
     int threads;              /* what nn_set_threads() asked for */
@@ -100,7 +101,6 @@ static void refresh_aux(const double *restrict p, double *restrict aux);
 static long first_non_finite(const double *x, long n);
 static Block block_of(NNState *st, double *v, double *g);
 static int threads_for(const NNState *st, long rows, int training);
-static long batch_check(NNState *st, const double *x, long n, int T);
-static double batch_train(NNState *st, const double *X, long rows, double *losses, int T);
+static long batch_train(NNState *st, const double *X, long rows, double *losses, int T, double *total);
 static void batch_predict(NNState *st, const double *X, long rows, int cols, double *out, int T);
 #endif
