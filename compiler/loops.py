@@ -40,7 +40,6 @@ period covering the most ops. Dots: the folds' terms in one array, the
 readers of every slot sorted by position (``searchsorted`` counts the
 readers between a product and its fold).
 """
-import struct
 
 import numpy as np
 
@@ -110,37 +109,33 @@ class _Units:
         used[self.scalar_at, :2] = True
         used[self.scalar_at, 2] = binary
         exponent = np.zeros(n, dtype=np.int64)          # which exponent of '**' (0: none)
-        if arrays.k:
-            ids = {}
-            which = np.array(sorted(arrays.k), dtype=np.int64)
-            exponent[self.scalar_at[which]] = [1 + ids.setdefault(arrays.k[i].hex(), len(ids))
-                                               for i in which.tolist()]
+        if arrays.k:                                    # numbered by their bits
+            which = np.fromiter(arrays.k.keys(), dtype=np.int64, count=len(arrays.k))
+            bits = np.fromiter(arrays.k.values(), dtype=np.float64, count=len(which)).view(np.uint64)
+            exponent[self.scalar_at[which]] = 1 + np.unique(bits, return_inverse=True)[1].reshape(-1)
         # the short folds
         for i, op in sums:
             kind[i] = _SUM if type(op) is Sum else _DOT
             row = loop_slots(op)
             slots[i, :len(row)] = row
             used[i, :len(row)] = True
-        # what each slot is, and whether it needs a gradient
+        # what each slot is (one byte a cell: the ranges below each bound
+        # counted), and whether it needs a gradient
         leaves, p0, p1 = program.n_leaves, program.param_start, program.param_end
-        cls = np.where(slots < program.n_inputs, _INPUT, np.where(slots < p1, _PARAM,
-                       np.where(slots < leaves, _CONST, _COMPUTED)))
+        cls = (slots >= program.n_inputs).view(np.int8) + (slots >= p1).view(np.int8)
+        cls += (slots >= leaves).view(np.int8)       # _INPUT, _PARAM, _CONST or _COMPUTED
         cls[~used] = _NONE
         needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
-        flag = np.where(used, needs[slots], 0)
-        slots = np.where(cls == _CONST, _first_of_value(program)[np.where(cls == _CONST, slots - p0, 0)], slots)
+        flag = np.where(used, needs[slots], 0).astype(np.int8)
+        const = cls == _CONST
+        slots[const] = _first_of_value(program)[slots[const] - p0]
         slots[~used] = 0
         # never in a loop: a parameter read, the loss and the partial sums
         kind[np.any(cls == _PARAM, axis=1)] = -1
         ends = np.array([program.loss, *program.prefix_sums], dtype=np.int64)
         kind[np.isin(slots[:, 0], ends) & (kind >= 0)] = -1
         cone = np.arange(n) < program.n_grad_ops
-        # what must repeat, packed (4 bits a slot, 15 slots a column) so that grouping rows is cheap
-        code = cls * 2 + flag
-        packed = [(code[:, c:c + 15] << (4 * np.arange(code[:, c:c + 15].shape[1]))).sum(axis=1)
-                  for c in range(0, code.shape[1], 15)]
-        sig = _row_ranks([(kind + 1) | cone << 8 | exponent << 9, *packed])
-        self.sig = np.where(kind >= 0, sig, -1)
+        self.sig = _signatures(kind, (kind + 1) | cone << 8 | exponent << 9, cls * 2 + flag)
         self.kind, self.slots, self.used = kind, slots, used
 
     def op(self, i, at):
@@ -168,15 +163,48 @@ def _row_ranks(columns):
     return rank.reshape(-1)
 
 
+def _signatures(kind, head, code):
+    """Each op's signature (-1: never in a loop): the same for ops that may
+    repeat each other (the same ``head``, and the same ``code`` in every
+    cell: 4 bits each). A scalar op's three cells and its head (numbered
+    first) fit one small int64, numbered through a table; only the folds (a
+    few) rank their rows of cells, a column of 15 cells at a time."""
+    key = _ids(head) << 12 | code[:, 0] | code[:, 1].astype(np.int64) << 4 | code[:, 2].astype(np.int64) << 8
+    scalar = (kind >= 0) & (kind < _SUM)
+    sig = np.where(scalar, _ids(np.where(scalar, key, 0)), -1)
+    folds = np.flatnonzero(kind >= _SUM)
+    if len(folds):
+        cells = code[folds].astype(np.int64)
+        packed = [(cells[:, c:c + 15] << (4 * np.arange(cells[:, c:c + 15].shape[1]))).sum(axis=1)
+                  for c in range(0, cells.shape[1], 15)]
+        sig[folds] = int(sig.max(initial=-1)) + 1 + _row_ranks([head[folds], *packed])
+    return sig
+
+
+def _ids(key):
+    """Numbers from 0 for the distinct values of ``key`` (int64, >= 0), equal
+    where the keys are: through a table of every value up to the largest
+    when that is small (no sort), else by ``np.unique``."""
+    top = int(key.max(initial=0))
+    if top < 4 * len(key) + 1024:
+        present = np.zeros(top + 1, dtype=np.int64)
+        present[key] = 1
+        return (np.cumsum(present) - 1)[key]
+    return np.unique(key, return_inverse=True)[1].reshape(-1)
+
+
 def _first_of_value(program):
     """For each constant (slot - param_start; parameters map to themselves),
     the first constant slot holding the same double (the same bits)."""
     p0, p1 = program.param_start, program.param_end
-    first = {}
-    out = np.arange(p0, program.n_leaves, dtype=np.int64)
-    for s, v in program.constants.items():
-        out[s - p0] = first.setdefault(struct.pack('<d', v), s)
     assert p1 - p0 == program.n_params
+    out = np.arange(p0, program.n_leaves, dtype=np.int64)
+    if program.constants:
+        at = np.fromiter(program.constants.keys(), dtype=np.int64, count=len(program.constants))
+        bits = np.fromiter(program.constants.values(), dtype=np.float64, count=len(at)).view(np.uint64)
+        order = np.lexsort((at, bits))                  # by value, then slot
+        first = np.r_[True, bits[order][1:] != bits[order][:-1]]
+        out[at[order] - p0] = at[order][np.flatnonzero(first)[np.cumsum(first) - 1]]
     return out
 
 

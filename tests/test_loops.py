@@ -362,3 +362,66 @@ def test_row_ranks_are_numpys_ranks_of_the_rows():
         columns = [rng.integers(-3, int(rng.integers(1, 6)), n) << int(rng.integers(0, 60)) for _ in range(k)]
         expected = np.unique(np.column_stack(columns), axis=0, return_inverse=True)[1].reshape(-1)
         assert np.array_equal(_row_ranks(columns), expected)
+
+
+
+def _tempting(inputs, params):
+    """Stretches of ops whose slots step alike but that must not repeat each
+    other: '**' with exponents 2, 2, 3 in turn, and products whose second
+    operand (its slot one after the last's) needs a gradient every other
+    time. The loss's one long sum makes the operands first, in order."""
+    w, = params
+    n = len(inputs) // 2
+    wz, c0 = w * 1.0, inputs[0] * 0.5                  # a gradient; none
+    powered = [(x * 1.5 * wz) ** (3 if i % 3 == 2 else 2) for i, x in enumerate(inputs[:n])]
+    uv = [t for z in inputs[n:] for t in (z * c0, z * wz)]
+    tails = [(p * q).tanh() for p, q in zip(powered + powered, uv)]      # and as the first operand
+    heads = [(q * p).sigmoid() for p, q in zip(powered + powered, uv)]
+    return sum(powered + uv + tails + heads), tails[:5]
+
+
+def _tempting_graph(n):
+    inputs, params = [Value(0.0) for _ in range(2 * n)], [Value(0.25)]
+    loss, outputs = _tempting(inputs, params)
+    return loss, inputs, params, outputs
+
+
+def test_ops_that_differ_only_in_an_exponent_or_an_operands_gradient_are_no_repeats():
+    before = fuse_dots(vectorize(trace(*_tempting_graph(24))))
+    after = lift_loops(before)
+    assert sum(type(op) is Loop for op in after.ops) >= 2
+    old, new = before.ops, _expanded(after)
+    assert len(old) == len(new) and all(_same_op(a, b, before.constants) for a, b in zip(old, new))
+
+
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_ops_that_differ_only_in_an_exponent_or_an_operands_gradient_match_the_interpreter(cc):
+    rng = random.Random(3)
+    samples = [[rng.uniform(-2, 2) for _ in range(48)] for _ in range(2)]
+    assert_matches_interpreter(_tempting, samples, [0.25], cc)
+
+
+def test_signatures_are_equal_exactly_where_ops_may_repeat_each_other():
+    # kind: -1 never in a loop, an op code, or a fold; head: the kind and what
+    # else must match; code: 4 bits a cell (a scalar op's cells past its
+    # third are all unused: 8)
+    from compiler.loops import _DOT, _SUM, _signatures
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n, width = int(rng.integers(1, 60)), int(rng.integers(3, 33))
+        kind = rng.choice([-1, 0, 1, 2, _SUM, _DOT], n)
+        head = (kind + 1) | rng.integers(0, 3, n) << 8 | rng.integers(0, 2, n) << 20
+        code = rng.integers(0, 3, (n, width)).astype(np.int8) * 3
+        code[kind < _SUM, 3:] = 8
+        for i in range(1, n):               # near-twins: a copy of an earlier row, one cell changed or none
+            if rng.random() < 0.6:
+                j = int(rng.integers(0, i))
+                kind[i], head[i], code[i] = kind[j], head[j], code[j]
+                c = int(rng.integers(0, 3 if kind[i] < _SUM else width))
+                code[i, c] = rng.choice([code[i, c], (code[i, c] + 3) % 9])
+        sig = _signatures(kind, head, code)
+        assert np.array_equal(sig < 0, kind < 0)
+        rows = [(int(h), bytes(c)) for h, c in zip(head, code)]
+        for i in np.flatnonzero(kind >= 0):
+            for j in np.flatnonzero(kind >= 0):
+                assert (sig[i] == sig[j]) == (rows[i] == rows[j]), (i, j)
