@@ -273,6 +273,29 @@ class Program:
     def ops(self, ops):
         self._ops, self.arrays, self.lifted = ops, None, ()
 
+    def outs_of(self, indices):
+        """The output slot of each op of ``indices`` (op indices), without
+        building the scalar ops' ``Op`` objects."""
+        if self.arrays is None or self._ops is not None:
+            ops = self.ops
+            return [ops[i].out for i in indices]
+        import numpy as np
+        idx = np.asarray(list(indices), dtype=np.int64)
+        at = np.array([i for i, _ in self.lifted], dtype=np.int64)
+        before = np.searchsorted(at, idx)                # lifted ops before each index
+        lifted = (before < len(at)) & (at[np.minimum(before, len(at) - 1)] == idx) if len(at) else idx < 0
+        out = self.arrays.out[np.where(lifted, 0, idx - before)]
+        ops = dict(self.lifted)
+        return [ops[i].out if is_lifted else int(o) for i, is_lifted, o in
+                zip(idx.tolist(), lifted.tolist(), out.tolist())]
+
+    def lifted_of(self, kind):
+        """The ops of type ``kind`` (a lifted op: ``MatMat``, ``Conv``...), in
+        order, without building the scalar ops' ``Op`` objects."""
+        if self.arrays is not None and self._ops is None:
+            return [op for _, op in self.lifted if type(op) is kind]
+        return [op for op in self.ops if type(op) is kind]
+
     @property
     def scalar_arrays(self):
         """``arrays`` when they are the whole program (no lifted ops): what

@@ -216,3 +216,23 @@ def test_the_pass_carries_needs_grad_over(seed):
             carried = needs_grad(lifted)
             lifted.known_needs_grad = None
             assert carried == needs_grad(lifted)
+
+
+@pytest.mark.parametrize('sizes', [[4, 3, 2], [6, 4, 4, 3]])
+def test_outs_and_lifted_ops_are_read_without_building_the_scalar_ops(sizes):
+    """``outs_of`` and ``lifted_of`` answer from the arrays and the lifted
+    ops (codegen asks them of million-op programs) what ``ops`` would."""
+    build = mlp_builder(sizes)
+    inputs = [Value(0.0) for _ in range(sizes[0] + sizes[-1])]
+    n = sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+    params = [Value(random.Random(i).uniform(-1, 1)) for i in range(n)]
+    loss, logits = build(inputs, params)
+    program = vectorize(trace_graph(loss, inputs, params, logits)[0])
+    assert program.arrays is not None and program.lifted and program._ops is None
+    kinds = {type(op) for _, op in program.lifted}
+    with_out = [i for i in range(program.n_ops) if i not in {j for j, op in program.lifted if not hasattr(op, 'out')}]
+    outs, lifted = program.outs_of(with_out), {kind: program.lifted_of(kind) for kind in kinds}
+    assert program._ops is None
+    ops = program.ops
+    assert outs == [ops[i].out for i in with_out]
+    assert lifted == {kind: [op for op in ops if type(op) is kind] for kind in kinds}

@@ -112,10 +112,7 @@ class ConvRenderer:
 
     def __init__(self, program, layout, flags):
         self.program, self.layout, self.flags = program, layout, flags
-        if program.arrays is not None and program._ops is None:
-            self.ops = [op for _, op in program.lifted if type(op) is Conv]
-        else:
-            self.ops = [op for op in program.ops if type(op) is Conv]
+        self.ops = program.lifted_of(Conv)
         self.name = {id(op): f'conv{i + 1}' for i, op in enumerate(self.ops)}
         grad_ops = set(map(id, program.grad_ops)) if self.ops else set()
         self.in_cone = [op for op in self.ops if id(op) in grad_ops]

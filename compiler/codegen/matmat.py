@@ -30,7 +30,7 @@ class MatMatRenderer:
 
     def __init__(self, program, layout, flags, matvecs):
         self.program, self.layout, self.flags, self.matvecs = program, layout, flags, matvecs
-        self.ops = [op for op in program.ops if type(op) is MatMat]
+        self.ops = program.lifted_of(MatMat)
         self.name = {id(op): f'matmat{i + 1}' for i, op in enumerate(self.ops)}
         self.plan = {id(op): self._plan(op) for op in self.ops}
         # the gradients of the weights that only a MatMat running as one uses:

@@ -406,8 +406,8 @@ class _Program:
     def _once_values(self):
         """``once_values``: the values computed once into a row (the
         debugging view of ``nn_read_data``)."""
-        lay, ops = self.layout, self.program.ops
-        at = sorted(lay.row_index(ops[i].out) for i in self.hoisted.forward)
+        lay = self.layout
+        at = sorted(lay.row_index(out) for out in self.program.outs_of(self.hoisted.forward))
         body = [f'static const int at[{len(at)}] = {{{", ".join(map(str, at))}}};',
                 f'for (int i = 0; i < {len(at)}; i++) row[at[i]] = aux[{lay.once_v} + at[i]];'] if at else []
         return ['static void\nonce_values(const double *restrict aux, double *restrict row)\n{',
