@@ -225,7 +225,7 @@ def _find_loops(units):
     is then checked row by row and cut where the hash was wrong."""
     n, sig, slots = units.n, units.sig, units.slots
     weights = np.random.default_rng(0).integers(1, 2 ** 63, size=slots.shape[1], dtype=np.uint64) | np.uint64(1)
-    hashed = (slots.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    hashed = np.ascontiguousarray(slots).view(np.uint64) @ weights      # (no copy of the slots)
     best, best_p = _periods(sig, hashed, min(MAX_PERIOD, n // MIN_ITERATIONS))
     loops, at = [], 0
     for s in np.flatnonzero(best >= MIN_OPS).tolist():
