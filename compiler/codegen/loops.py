@@ -79,13 +79,21 @@ def backward_lines(run, scalar, flags):
     return lines
 
 
+def _places(op, scalar):
+    """The loop's ``_Places``, made once for its forward and its backward."""
+    places = scalar.loop_places.get(id(op))
+    if places is None or places.op is not op:
+        places = scalar.loop_places[id(op)] = _Places(op, scalar)
+    return places
+
+
 class _Places:
     """The C place (``sums.Place``) of every body slot of one loop as a
     function of ``i``, and the tables of those whose places are not in
     arithmetic progression (``v[at0[i]]``)."""
 
     def __init__(self, op, scalar):
-        self.n, self.scalar, self.tables = op.n, scalar, []
+        self.op, self.n, self.scalar, self.tables = op, op.n, scalar, []
         self.loc, self.iterations = scalar.layout.loc, np.arange(op.n)
         self.where = [[self._place(s, d) for s, d in zip(loop_slots(body), step)]
                       for body, step in zip(op.body, op.steps)]
@@ -115,7 +123,7 @@ class _Places:
 
 def forward(op, scalar):
     """The loop's forward: one C statement (a block)."""
-    places = _Places(op, scalar)
+    places = _places(op, scalar)
     body = []
     for j, b in enumerate(op.body):
         out = places.value(j, 0)
@@ -136,7 +144,7 @@ def forward(op, scalar):
 def backward(op, scalar, flags):
     """The loop's backward: one C statement (a block), or none when no body
     op needs a gradient."""
-    places = _Places(op, scalar)
+    places = _places(op, scalar)
     body = []
     for j in reversed(range(len(op.body))):
         b = op.body[j]

@@ -148,6 +148,7 @@ class ScalarRenderer:
         self.grad = layout.grad
         program = layout.program
         self._params = (program.param_start, program.param_end)
+        self.loop_places = {}           # id(Loop) -> its places (codegen/loops.py), for forward and backward
 
     def forward_lines(self, ops, other):
         """``forward`` of each op of ``ops`` in order (``other(op)``: the lines
