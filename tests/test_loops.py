@@ -300,6 +300,7 @@ def test_places_out_of_progression_come_from_a_table():
     class Rows:     # where each slot lives (layout.loc, v[x]): the loop's column at irregular places
         class layout:
             loc = np.arange(40)
+        loop_places = {}
     Rows.layout.loc[12], Rows.layout.loc[13] = 30, 35
     loop = Loop(3, (Op('exp', 20, (11,)),), ((1, 1),))
     (forward,) = loops_c.forward(loop, Rows())
