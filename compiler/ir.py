@@ -109,6 +109,13 @@ class MatVec:
         return (list(range(self.wt0, self.wt0 + self.rows * self.cols))
                 + list(range(self.x0, self.x0 + self.cols)) + list(self.heads or ()))
 
+    def reads_array(self):
+        """``reads`` as an int64 numpy array, made without the list."""
+        import numpy as np
+        return np.concatenate([np.arange(self.wt0, self.wt0 + self.rows * self.cols, dtype=np.int64),
+                               np.arange(self.x0, self.x0 + self.cols, dtype=np.int64),
+                               np.asarray(list(self.heads or ()), dtype=np.int64)])
+
     @property
     def writes(self):
         return range(self.y0, self.y0 + self.rows)
@@ -602,6 +609,19 @@ def inputs_used(program):
     return [s for s in range(program.n_inputs) if live[s]]
 
 
+def _mark_reads(marks, op):
+    """``marks[x] = 1`` (a bytearray) for every slot ``op`` reads: by numpy
+    for the ops that give their reads as an array (a ``MatMat`` reads
+    hundreds of thousands of slots)."""
+    reads_array = getattr(op, 'reads_array', None)
+    if reads_array is None:
+        for x in op.reads:
+            marks[x] = 1
+        return
+    import numpy as np
+    np.frombuffer(marks, dtype=np.uint8)[reads_array()] = 1
+
+
 def _live(program, roots):
     """``live[s]``: whether a slot of ``roots`` depends on slot ``s``."""
     live = bytearray(program.n_slots)
@@ -628,8 +648,7 @@ def _live(program, roots):
             mark(start, done)
             done = start
             if any(live[o] for o in op.writes):
-                for x in op.reads:
-                    live[x] = 1
+                _mark_reads(live, op)
         mark(0, done)
         return live
     for op in reversed(program.ops):
@@ -638,8 +657,7 @@ def _live(program, roots):
                 for a in op.args:
                     live[a] = 1
         elif any(live[o] for o in op.writes):
-            for a in op.reads:
-                live[a] = 1
+            _mark_reads(live, op)
     return live
 
 
@@ -770,6 +788,11 @@ class MatMat:
     @property
     def reads(self):
         return [s for u in self.uses for s in u.reads]
+
+    def reads_array(self):
+        """``reads`` as an int64 numpy array, made without the list."""
+        import numpy as np
+        return np.concatenate([u.reads_array() for u in self.uses])
 
     @property
     def writes(self):

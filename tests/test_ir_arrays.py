@@ -236,3 +236,27 @@ def test_outs_and_lifted_ops_are_read_without_building_the_scalar_ops(sizes):
     ops = program.ops
     assert outs == [ops[i].out for i in with_out]
     assert lifted == {kind: [op for op in ops if type(op) is kind] for kind in kinds}
+
+
+def test_reads_array_is_reads():
+    """The MatVec's and the MatMat's reads as numpy arrays (what the liveness
+    walk marks) are their reads, in order, duplicates and all."""
+    from compiler.ir import MatMat, MatVec
+    uses = [MatVec(y0=100 + 10 * t, rows=3, cols=4, wt0=20, x0=50 + 4 * t, heads=heads, bwd_rows=[2, 1, 0],
+                   grad_x=True) for t, heads in enumerate([None, [7, 8, 9], []])]
+    for op in [*uses, MatMat(tuple(uses))]:
+        got = op.reads_array()
+        assert got.dtype == np.int64 and got.tolist() == list(op.reads)
+
+
+def test_live_marks_a_matmats_reads():
+    """features() and inputs_used() through a MatMat: what its uses read."""
+    from compiler.ir import MatMat, MatVec, _mark_reads
+    uses = (MatVec(y0=30, rows=2, cols=3, wt0=10, x0=0, heads=[40], bwd_rows=[1, 0], grad_x=True),
+            MatVec(y0=32, rows=2, cols=3, wt0=10, x0=3, heads=None, bwd_rows=[1, 0], grad_x=True))
+    marks = bytearray(50)
+    _mark_reads(marks, MatMat(uses))
+    assert [i for i, m in enumerate(marks) if m] == list(range(0, 6)) + list(range(10, 16)) + [40]
+    marks = bytearray(50)
+    _mark_reads(marks, uses[0])
+    assert [i for i, m in enumerate(marks) if m] == list(range(0, 3)) + list(range(10, 16)) + [40]

@@ -47,7 +47,8 @@ def row_input_runs(program, layout, direct):
     mark(part.arrays.b)
     for _, op in part.lifted:
         # a direct MatVec reads its weights (parameters) and x from elsewhere: only its heads here
-        mark(list((op.heads or ()) if id(op) in direct else op.reads) or [-1])
+        mark(list(op.heads or ()) or [-1] if id(op) in direct else
+             op.reads_array() if hasattr(op, 'reads_array') else list(op.reads) or [-1])
     mark([program.loss, *program.outputs])
     edges = np.flatnonzero(np.diff(np.concatenate(([0], need[:n].astype(np.int8), [0]))))
     return [[int(k), int(j - k)] for k, j in zip(edges[::2], edges[1::2])]
