@@ -39,7 +39,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import Conv, MatVec, OP_CODES, Program, ScalarArrays, SlotMap, Sum, moved_labels, needs_grad
+from compiler.ir import (Conv, MatVec, OP_CODES, Program, ScalarArrays, SlotMap, Sum, moved_labels, needs_grad,
+                         read_slots)
 
 _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
 
@@ -81,7 +82,7 @@ class _Graph:
         for i, op in self.lifted.items():
             self.producer[np.fromiter(op.writes, dtype=np.int64)] = i
         reads = [a.a, a.b[a.b >= 0], np.array([program.loss, *program.outputs], dtype=np.int64)]
-        reads += [np.asarray(op.reads, dtype=np.int64) for op in self.lifted.values()]
+        reads += [read_slots(op) for op in self.lifted.values()]
         self.uses = np.bincount(np.concatenate(reads), minlength=program.n_slots)
         self.needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
         self.scalar_at = np.full(self.n, -1, dtype=np.int64)   # position -> scalar op index
@@ -284,7 +285,7 @@ class _Layer:
 def _reads_of(g, pos):
     op = g.lifted.get(pos)
     if op is not None:
-        return np.asarray(op.reads, dtype=np.int64)
+        return read_slots(op)
     j = g.scalar_at[pos]
     b = g.arrays.b[j]
     return np.array([g.arrays.a[j]] + ([b] if b >= 0 else []), dtype=np.int64)
@@ -364,7 +365,7 @@ def _same_gradient_order(g, unit, position, layers):
     slots = [a.a, a.b]
     readers = [g.spos, g.spos]
     for i, op in g.lifted.items():
-        r = np.asarray(op.reads, dtype=np.int64)
+        r = read_slots(op)
         slots.append(r)
         readers.append(np.full(len(r), i, dtype=np.int64))
     slots, readers = np.concatenate(slots), np.concatenate(readers)

@@ -609,17 +609,20 @@ def inputs_used(program):
     return [s for s in range(program.n_inputs) if live[s]]
 
 
-def _mark_reads(marks, op):
-    """``marks[x] = 1`` (a bytearray) for every slot ``op`` reads: by numpy
-    for the ops that give their reads as an array (a ``MatMat`` reads
-    hundreds of thousands of slots)."""
-    reads_array = getattr(op, 'reads_array', None)
-    if reads_array is None:
-        for x in op.reads:
-            marks[x] = 1
-        return
+def read_slots(op):
+    """The slots a lifted ``op`` reads, as ``op.reads`` lists them (order and
+    repeats), in an int64 numpy array: from the op's own ``reads_array``
+    where it has one (a ``MatMat`` reads hundreds of thousands of slots),
+    without building the list."""
     import numpy as np
-    np.frombuffer(marks, dtype=np.uint8)[reads_array()] = 1
+    reads_array = getattr(op, 'reads_array', None)
+    return reads_array() if reads_array is not None else np.asarray(op.reads, dtype=np.int64)
+
+
+def _mark_reads(marks, op):
+    """``marks[x] = 1`` (a bytearray) for every slot ``op`` reads."""
+    import numpy as np
+    np.frombuffer(marks, dtype=np.uint8)[read_slots(op)] = 1
 
 
 def _live(program, roots):

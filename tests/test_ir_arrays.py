@@ -247,6 +247,11 @@ def test_reads_array_is_reads():
     for op in [*uses, MatMat(tuple(uses))]:
         got = op.reads_array()
         assert got.dtype == np.int64 and got.tolist() == list(op.reads)
+    # read_slots: any lifted op's reads, through its own array where it has one
+    from compiler.ir import Sum, read_slots
+    for op in [*uses, MatMat(tuple(uses)), Sum(60, [3, 9, 3])]:
+        got = read_slots(op)
+        assert got.dtype == np.int64 and got.tolist() == list(op.reads)
 
 
 def test_live_marks_a_matmats_reads():

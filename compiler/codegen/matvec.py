@@ -19,7 +19,7 @@ from compiler.codegen.layout import PANEL, round_up
 from compiler.codegen.shared_grads import contributions, direct_grads, interleaved_grad, mixed_blocks
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
-from compiler.ir import MatVec, unfolded
+from compiler.ir import MatVec, read_slots, unfolded
 
 
 def reads_only_inputs(program, layout, mixed):
@@ -47,8 +47,7 @@ def row_input_runs(program, layout, direct):
     mark(part.arrays.b)
     for _, op in part.lifted:
         # a direct MatVec reads its weights (parameters) and x from elsewhere: only its heads here
-        mark(list(op.heads or ()) or [-1] if id(op) in direct else
-             op.reads_array() if hasattr(op, 'reads_array') else list(op.reads) or [-1])
+        mark(list(op.heads or ()) if id(op) in direct else read_slots(op))
     mark([program.loss, *program.outputs])
     edges = np.flatnonzero(np.diff(np.concatenate(([0], need[:n].astype(np.int8), [0]))))
     return [[int(k), int(j - k)] for k, j in zip(edges[::2], edges[1::2])]
