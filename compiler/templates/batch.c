@@ -102,14 +102,15 @@ check_rows(const Batch *bt, long b0, int r0, int r1, int t)
     bt->st->first[t] = i < 0 ? -1 : i0 + i;
 }
 
-/* Whether a thread found a non-finite number (after a barrier: all have looked). */
-static int
-found_non_finite(const NNState *st, int T)
+/* The first non-finite number the threads found (index into X), or -1:
+ * thread t's rows come before thread t + 1's (after a barrier: all have looked). */
+static long
+first_found(const NNState *st, int T)
 {
     for (int t = 0; t < T; t++)
         if (st->first[t] >= 0)
-            return 1;
-    return 0;
+            return st->first[t];
+    return -1;
 }
 
 static void
@@ -141,7 +142,7 @@ train_job(void *ctx, int t, int T)
             backward_rows(&b, r0, r1, scratch);
         }
         pool_barrier(&st->pool, T);
-        if (found_non_finite(st, T))
+        if (first_found(st, T) >= 0)
             return;
         param_grads(&b, n, t, T, scratch);
         pool_barrier(&st->pool, T);
@@ -164,11 +165,11 @@ batch_train(NNState *st, const double *X, long rows, double *losses, int T, doub
     for (int t = 0; t < T; t++)
         st->first[t] = -1;     /* (pool_run may get fewer threads than T) */
     pool_run(&st->pool, train_job, &bt, T);
-    for (int t = 0; t < T; t++)
-        if (st->first[t] >= 0) {
-            st->gp = before;
-            return st->first[t];
-        }
+    const long bad = first_found(st, T);
+    if (bad >= 0) {
+        st->gp = before;
+        return bad;
+    }
     st->gp_next = before;
     *total = 0.0;
     for (long r = 0; r < rows; r++)
