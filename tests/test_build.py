@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import compiler
-from compiler import build
+from compiler import build, cpu
 from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFound, CompileTimeout,
                             HeadersNotFound, Toolchain, build_extension, build_key, cache_dir,
                             default_flags, find_compiler)
@@ -452,6 +452,44 @@ def test_a_small_graph_builds_nothing_ahead_and_nothing_is_built_ahead_without_a
     name, text = kernels_unit()
     request = build.plan(Source('', [('module', ''), (name, text)]), cc=FAST_CC)
     assert build.build_unit_ahead(request, name, text) is None
+
+
+def test_a_machine_builds_the_widest_vector_set_its_cpu_has_and_the_baseline():
+    avx512 = frozenset({'avx512f', 'avx512vl', 'avx512bw', 'avx512dq', 'avx2', 'sse2'})
+    assert cpu.sets_for(avx512) == ('avx512',)
+    assert cpu.sets_for(avx512 - {'avx512dq'}) == ('avx2',)     # all four, as vector_level() asks
+    assert cpu.sets_for(frozenset({'sse2'})) == ()
+    assert cpu.sets_for(avx512, 'avx2') == ('avx2',)            # $MICROGRAD_KERNELS caps it
+    assert cpu.sets_for(avx512, 'base') == ()
+    assert cpu.sets_for(frozenset({'avx2'}), 'avx512') == ('avx2',)
+    assert cpu.kernel_sets('no such set') == cpu.VECTOR_SETS    # loading refuses it, with its message
+    for sets in [(), ('avx2',), cpu.VECTOR_SETS]:
+        text = kernels_unit(sets)[1]
+        assert [s for s in cpu.VECTOR_SETS if f'#define MV_HAS_{s.upper()} 1' in text] == list(sets)
+        assert text.count('#define MV_ISA base') == 1
+
+
+@pytest.mark.skipif(not [cc for cc in COMPILERS if cc != 'tcc'], reason='needs gcc or clang: tcc builds '
+                    'only the plain loops')
+@pytest.mark.skipif(not cpu.kernel_sets(''), reason='this CPU has no vector set beyond the baseline')
+def test_a_module_built_with_fewer_vector_sets_is_not_reused_where_more_are_wanted(fresh_cache, monkeypatch):
+    """The kernels' unit of a build carries only the sets this machine picks
+    ($MICROGRAD_KERNELS caps them): the cached module is keyed by them, so a
+    build that wants more is built anew, not loaded with fewer."""
+    cc = next(cc for cc in COMPILERS if cc != 'tcc')
+    model = MLP(20, [16, 4], seed=0)
+    x = [Value(0.25 * i) for i in range(20)]
+    loss = sum(model(x))
+    monkeypatch.setenv('MICROGRAD_KERNELS', 'base')
+    few = compiler.compile(loss, x, model.parameters(), cc=cc)
+    assert few.module.kernels == 'base'
+    monkeypatch.delenv('MICROGRAD_KERNELS')
+    more = compiler.compile(loss, x, model.parameters(), cc=cc)
+    assert not more.build.cached and more.build.path != few.build.path
+    assert more.module.kernels == cpu.kernel_sets('')[0]
+    for m in (few, more):
+        m.set_input([v.data for v in x])
+        assert m.forward() == loss.data
 
 
 @needs_cc

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler import cpu
 from compiler.constants import MAX_THREADS
 from tests.differential import (COMPILERS, FAST_CC, assert_train_batch_matches_interpreter, compile_graph, needs_cc,
                                 split_flags)
@@ -325,6 +326,10 @@ def test_every_instruction_set_gives_the_same_bits(cc):
         assert done.returncode == 0, done.stderr
         reports[want] = json.loads(done.stdout.splitlines()[-1])
     assert reports['base']['isa'] == 'base'
+    if cpu.cpu_flags() is not None:
+        # each set this CPU has runs when asked for: the build carries it (compiler.cpu)
+        for want, report in reports.items():
+            assert report['isa'] == (cpu.kernel_sets(want) or ('base',))[0], reports
     assert len({r['sha'] for r in reports.values()}) == 1, reports
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler import cpu
+from compiler.constants import KERNELS
 from compiler.codegen import emit_header
 from compiler.export import ExportError
 from micrograd import Value, cross_entropy
@@ -104,6 +106,25 @@ def test_import_nn_in_a_bare_python_gives_the_models_bits(trained, tmp_path):
         assert float.fromhex(loss) == m.forward()
         m.backward()
         assert [float.fromhex(g) for g in grads] == m.grads().tolist()
+
+
+@pytest.mark.skipif(not [cc for cc in COMPILERS if cc != 'tcc'], reason='needs gcc or clang: tcc builds '
+                    'only the plain loops')
+@pytest.mark.skipif(cpu.cpu_flags() is None, reason="this CPU's flags cannot be read")
+def test_an_exported_module_carries_every_vector_set(tmp_path):
+    """A build here carries only the sets this CPU picks (compiler.cpu); an
+    export's shared object, like its nn.c, carries them all: it may be
+    loaded on another CPU (here: asked for AVX2 on an AVX-512 one)."""
+    cc = next(cc for cc in COMPILERS if cc != 'tcc')
+    loss, inputs, params, outputs = small_mlp()
+    m = compiler.compile(loss, inputs, params, outputs, cc=cc)
+    folder = m.export(tmp_path / 'model')
+    for want in KERNELS:
+        r = subprocess.run([sys.executable, '-I', '-S', '-c', 'import sys; sys.path.insert(0, sys.argv[1]); '
+                            'import nn; print(nn.kernels)', str(folder)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, MICROGRAD_KERNELS=want))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == (cpu.sets_for(cpu.cpu_flags(), want) or ('base',))[0]
 
 
 def test_compiler_load_round_trip(trained):

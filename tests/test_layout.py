@@ -33,6 +33,7 @@ ALLOWED = {
     'compiler.files': set(),
     'compiler.optim': set(),
     'compiler.templates': set(),
+    'compiler.cpu': {'compiler.constants'},   # the vector sets this machine's builds carry
     'compiler.pages': set(),        # numpy's huge-page hint, off while compile()'s front end runs
     'compiler.trace': {'micrograd', 'compiler.ir', 'compiler.walk'},
     # the tracer's walk in C: built and loaded as the modules are (once, cached)
@@ -44,7 +45,7 @@ ALLOWED = {
     'compiler.passes': {'compiler.vectorize', 'compiler.conv', 'compiler.loops', 'compiler.positions'},
     'compiler.invariant': {'compiler.ir'},
     'compiler.codegen': {'compiler.ir', 'compiler.invariant', 'compiler.constants', 'compiler.templates',
-                         'compiler.optim'},
+                         'compiler.optim', 'compiler.cpu'},
     # the build package, in the order a build meets its stages (see compiler/build/__init__.py)
     'compiler.build.errors': set(),
     'compiler.build.process': set(),
@@ -64,7 +65,7 @@ ALLOWED = {
     'compiler.load': set(),
     'compiler.summary': {'compiler.ir'},
     'compiler.weights': {'compiler.files'},
-    'compiler.export': {'compiler.build', 'compiler.codegen', 'compiler.files', 'compiler.load'},
+    'compiler.export': {'compiler.build', 'compiler.codegen', 'compiler.cpu', 'compiler.files', 'compiler.load'},
     'compiler.model': {'compiler.ir', 'compiler.weights', 'compiler.export', 'compiler.summary',
                        'compiler.build.process', 'compiler.constants'},
 }

@@ -97,6 +97,9 @@ class BuildRequest:
             marks = ['--straight', tc.path, tc.version, *self.straight_flags]
         if self.own_kernel_flags:
             marks += ['--kernels', *self.kernel_flags]
+        # the kernels' unit carries the sets of this machine (compiler.cpu), not
+        # those of the one file `source`: a module built elsewhere is not this one
+        marks += [f'--{name}={self.unit_key(name, text)}' for name, text in self.parts if name == KERNELS_UNIT]
         return build_key(self.source, self.toolchain, [*self.flags, *marks], self.include_dir)
 
     def unit_key(self, name, text):

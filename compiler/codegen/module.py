@@ -34,6 +34,7 @@ from compiler.codegen.program import _Program
 from compiler.codegen.matvec import row_input_runs
 from compiler.codegen.scalar import c_double
 from compiler.constants import C_DEFINES, KERNELS
+from compiler.cpu import VECTOR_SETS, kernel_sets
 from compiler.ir import features, positions_of_writes
 from compiler.templates import read_template
 
@@ -75,31 +76,37 @@ class Source(str):
         return source
 
 
-def _kernels():
-    """The loop kernels' code: what they share, then the loops once per
-    instruction set this build may meet, and the choice of one at load time.
-    The same for every program: built as a unit of its own, after a prologue
-    of the fixed numbers only, its object is cached once for all programs."""
+def _kernels(sets=VECTOR_SETS):
+    """The loop kernels' code: what they share, then the loops of the
+    baseline and of each vector set of ``sets`` (of ``VECTOR_SETS``; the
+    x86-64 ones: tcc builds plain loops only), and the choice of one at load
+    time (the widest of them the CPU runs; ``MV_HAS_<SET>`` says which were
+    built). The same for every program: built as a unit of its own, after a
+    prologue of the fixed numbers only, its object is cached once for all
+    programs."""
     body = read_template('kernels_body.c')
-
     def built_for(isa, level):
         return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body,
                           '#undef MV_LEVEL', '#undef MV_ISA'])
+    vector = [f'{built_for(isa, KERNELS.index(isa))}\n#define MV_HAS_{isa.upper()} 1' for isa in VECTOR_SETS
+              if isa in sets]
     return '\n'.join([read_template('kernels.c'),
                       '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
                       built_for('plain', -1),
-                      '#else', '#if defined(__x86_64__)', built_for('avx512', 2), built_for('avx2', 1), '#endif',
-                      built_for('base', 0),
+                      '#else', '#if defined(__x86_64__)', *vector, '#endif',
+                      built_for('base', KERNELS.index('base')),
                       '#endif', read_template('kernels_choose.c')])
 
 
-def kernels_unit():
-    """The loop kernels' translation unit, ``(name, text)``: it sees only the
-    fixed numbers, so its object is one for every program (and can be built
-    before the program is known: ``compiler.build.ahead``)."""
+def kernels_unit(sets=None):
+    """The loop kernels' translation unit, ``(name, text)``, with the vector
+    sets ``sets`` (default: those this machine's modules pick,
+    ``compiler.cpu.kernel_sets``): it sees only the fixed numbers, so its
+    object is one for every program (and can be built before the program is
+    known: ``compiler.build.ahead``)."""
     fixed = '\n'.join([prologue(_defines_c(_FIXED_DEFINES), python=False), read_template('contract.h'),
                        read_template('kernels_api.c')])
-    return 'kernels', fixed + '\n' + _kernels()
+    return 'kernels', fixed + '\n' + _kernels(kernel_sets() if sets is None else sets)
 
 
 def _runs(program, layout):
@@ -204,14 +211,16 @@ def _section(names):
     return '\n'.join(read_template(name) for name in names)
 
 
-def emit_module(program, optimizer=None, initial_params=None):
+def emit_module(program, optimizer=None, initial_params=None, kernel_sets=None):
     """The C source of the ``nn`` extension module (a ``Source``: one file,
     and its translation units).
 
     ``optimizer`` (``compiler.SGD``/``Adam``/``AdamW``) is compiled in for
     ``step`` and ``train_batch`` (``program.input_grads`` makes ``backward``
     also produce d loss / d input); ``initial_params`` (in the user's order) are
-    the parameters a fresh import of the module starts from (an export)."""
+    the parameters a fresh import of the module starts from (an export).
+    ``kernel_sets``: the vector sets of the loop kernels' unit (default: this
+    machine's, ``compiler.cpu.kernel_sets``); the one file has them all."""
     prog = _Program(program)
     body, numbers = prog.emit()
     layout = prog.layout
@@ -290,7 +299,7 @@ def emit_module(program, optimizer=None, initial_params=None):
     parts = [('module', module_unit(body, '', intrinsics=optimizer_c.uses_intrinsics(optimizer)))]
     common = '\n'.join([prologue(numbers_c, python=False), _NO_INTRINSICS, read_template('contract.h')])
     if kernel_code:
-        parts.append(kernels_unit())
+        parts.append(kernels_unit(kernel_sets))
     straight = [(f'segments{i + 1}', common + '\n' + '\n'.join(part)) for i, part in enumerate(segments)]
     return Source(single, parts + straight, prog.functions.statements, [name for name, _ in straight],
                   table_ops=prog.table.n if prog.table else 0)

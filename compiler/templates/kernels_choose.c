@@ -11,7 +11,9 @@ static const MatVecKernels *mv_packer;
 #endif
 
 /* The loops this CPU runs best (vector_level(): $MICROGRAD_KERNELS may ask
- * for fewer): every set gives the same bits. */
+ * for fewer) of the sets this unit was built with (MV_HAS_AVX512, MV_HAS_AVX2:
+ * a build for one machine leaves out the sets its CPU never picks; the
+ * baseline is always there): every set gives the same bits. */
 HIDDEN const MatVecKernels *
 mv_choose_kernels(void)
 {
@@ -20,9 +22,20 @@ mv_choose_kernels(void)
     k = &kernels_plain;
 #elif defined(HAVE_VECTOR_LEVEL)
     switch (vector_level()) {
-    case 2: k = &kernels_avx512; break;
-    case 1: k = &kernels_avx2; break;
-    default: k = &kernels_base;
+    case 2:
+#ifdef MV_HAS_AVX512
+        k = &kernels_avx512;
+        break;
+#endif
+        /* fall through: the widest set below, as a CPU without AVX-512 */
+    case 1:
+#ifdef MV_HAS_AVX2
+        k = &kernels_avx2;
+        break;
+#endif
+        /* fall through */
+    default:
+        k = &kernels_base;
     }
 #else
     k = &kernels_base;
