@@ -72,15 +72,22 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         raise TypeError(f"optimizer must be compiler.SGD, Adam or AdamW, not {type(optimizer).__name__}")
     threads = resolve_threads(threads)
     timings = {}
+    ahead = []
+
+    def kernels_ahead():        # once: when the trace finds the graph large, or after it
+        if vectorize and not ahead:
+            ahead.append(_kernels_ahead(cc=cc, opt=opt, flags=flags, native=native, timeout=timeout,
+                                        include_dir=include_dir))
     with gc_paused(), small_pages():
         t0 = time.perf_counter()
-        program, _, undeclared = trace_graph(loss, inputs, params, outputs, constants, input_grads)
+        program, _, undeclared = trace_graph(loss, inputs, params, outputs, constants, input_grads,
+                                             on_large=kernels_ahead)
         _refuse_silent_mistakes(program, params, undeclared, inputs)
         t1 = time.perf_counter()
         timings['trace'] = t1 - t0
         if vectorize:
-            _kernels_ahead(program, cc=cc, opt=opt, flags=flags, native=native, timeout=timeout,
-                           include_dir=include_dir)
+            if program.n_ops >= AHEAD_MIN_OPS:
+                kernels_ahead()
             program = run_passes(program)
         timings['passes'] = time.perf_counter() - t1
         t1 = time.perf_counter()
@@ -108,15 +115,17 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
 AHEAD_MIN_OPS = 20_000
 
 
-def _kernels_ahead(program, **build):
+def _kernels_ahead(**build):
     """Start building the loop kernels' unit (the same for every program with
     MatVec ops: it sees only the fixed numbers) on a second core while the
-    passes and codegen run on this one, into the cache, where the build finds
-    it. A guess: a small program's flags (the size-aware choice may take
-    others for a large one, and a program may have no MatVecs; the object
-    then waits in the cache for one that uses it). Compiled after the front
-    end, this unit was the last to finish for MNIST's MLPs."""
-    if program.n_ops < AHEAD_MIN_OPS or usable_cores() < 2:
+    trace (from when it finds the graph large: on a cold cache, while the C
+    walk is built), passes and codegen run on this one, into the cache, where
+    the build finds it. A guess: a small program's flags (the size-aware
+    choice may take others for a large one, and a program may have no
+    MatVecs; the object then waits in the cache for one that uses it).
+    Compiled after the front end, this unit was the last to finish for
+    MNIST's MLPs."""
+    if usable_cores() < 2:
         return None
     try:
         name, text = kernels_unit()

@@ -44,7 +44,7 @@ def trace_with_slots(loss, inputs=(), params=(), outputs=()):
 
 
 def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grads=False, want_slots=False,
-                native=None):
+                native=None, on_large=None):
     """``(program, slot of every Value, undeclared leaves)`` (the slots only
     ``want_slots``; else None).
 
@@ -65,8 +65,12 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
     ``native``: walk the graph in C (``compiler/walk.py``) where it can be
     read there; False: in Python; None (default): in C for graphs of more
     than ``walk.NATIVE_MIN_OPS`` computed Values. Either walk gives the same
-    program, numbers and errors.
+    program, numbers and errors. ``on_large()`` is called once, as soon as
+    the graph is known to be large enough for the C walk (before it is
+    loaded, or built on a cold cache): ``compile()`` starts building the
+    loop kernels then.
     """
+    walker = _Walker(on_large)
     prefix = None
     if isinstance(loss, (list, tuple)):
         loss, prefix = _sequence_loss(loss)
@@ -77,18 +81,18 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
         if not isinstance(v, Value):
             raise TraceError(f"outputs[{i}] is a {type(v).__name__}, not a Value")
     inputs, params, constants = list(inputs), list(params), list(constants)
-    if not _leaves_fine(inputs + params, native):
+    if not _leaves_fine(inputs + params, native, walker):
         inputs = _check_leaves(inputs, 'inputs')
         params = _check_leaves(params, 'params')
         if set(map(id, inputs)) & set(map(id, params)):
             raise TraceError("a Value is listed both in inputs and in params")
-    if not _leaves_fine(constants, native):
+    if not _leaves_fine(constants, native, walker):
         _check_leaves(constants, 'constants')
     declared = set(map(id, constants))
 
     declared_values = inputs + params
     n_declared = len(declared_values)
-    walked = _walk_graph(declared_values, loss, outputs, prefix or [], native, want_slots)
+    walked = _walk_graph(declared_values, loss, outputs, prefix or [], native, want_slots, walker)
     n_leaves = n_declared + len(walked.constants)
     fix = _slot_fixer(n_leaves)
     arrays = walked.arrays(n_leaves)
@@ -167,13 +171,26 @@ def _final_slots(provisional, n_leaves):
     return final
 
 
-def _leaves_fine(values, native):
+class _Walker:
+    """The C walk module, for a trace that tells ``on_large`` before its first use."""
+
+    def __init__(self, on_large):
+        self.on_large = on_large
+
+    def __call__(self):
+        if self.on_large is not None:
+            on_large, self.on_large = self.on_large, None
+            on_large()
+        return native_walk.native_walker()
+
+
+def _leaves_fine(values, native, walker):
     """Whether the C walk finds every Value of ``values`` a leaf as
     ``_check_leaves`` wants it, none listed twice (False: let
     ``_check_leaves`` look, and say what is wrong). Only for long lists."""
     if native is False or len(values) < native_walk.NATIVE_MIN_LEAVES or not native_walk.native_enabled():
         return False
-    module = native_walk.native_walker()
+    module = walker()
     return module is not None and module.leaves_ok(Value, Constant, values)
 
 
@@ -181,7 +198,7 @@ class _TooLarge(Exception):
     """The Python walk met more computed Values than it walks by default."""
 
 
-def _walk_graph(declared, loss, outputs, prefix, native, want_slots):
+def _walk_graph(declared, loss, outputs, prefix, native, want_slots, walker):
     """A ``_Walked`` of the graph from ``loss``, then ``outputs``: by the C
     walk (``native`` True, or None and the graph is large) where it can read
     the graph, else by the Python walk."""
@@ -192,7 +209,7 @@ def _walk_graph(declared, loss, outputs, prefix, native, want_slots):
         except _TooLarge:
             pass
     if use_c:
-        module = native_walk.native_walker()
+        module = walker()
         found = None if module is None else module.walk(
             Value, Constant, declared, loss, outputs, OP_CODES, _ARITY, POW,
             [loss, *outputs, *prefix], bool(want_slots))
