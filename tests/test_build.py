@@ -440,6 +440,39 @@ def test_the_loop_kernels_are_built_ahead_while_a_large_graph_passes(fresh_cache
     assert list(m.grads()) == [p.grad for p in model.parameters()]
 
 
+AT_ONCE_RUN = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [{root!r}]
+    import compiler
+    from compiler.build import BuildRequest, default_flags, find_compiler
+    from compiler.templates import read_template
+    from micrograd import Value
+    from micrograd.nn import MLP
+    model = MLP(200, [32, 10], seed=0)    # 6,762 parameters: the trace needs the C walk
+    x = [Value(0.5) for _ in range(200)]
+    compiler.compile(sum(model(x)), x, model.parameters())
+    tc = find_compiler(None)
+    print(BuildRequest.of(read_template('walk.c'), tc, default_flags(tc)).key())
+""")
+
+
+@needs_cc
+def test_the_c_walk_built_while_the_kernels_are_built_ahead_is_found_in_the_cache(tmp_path):
+    """On a cold cache the trace starts the loop kernels' build before it
+    builds the C walk: two builds in two threads of a fresh process, whose
+    first use of sysconfig once left the walk a key without the extension
+    suffix (a cache entry no later process finds)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MICROGRAD_CACHE_DIR=str(tmp_path / 'cache'))
+    for name in ('MICROGRAD_CACHE', 'MICROGRAD_NATIVE_WALK'):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, '-c', AT_ONCE_RUN.format(root=root)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.split()[-1]
+    assert os.path.exists(tmp_path / 'cache' / f'{key}.so'), sorted(os.listdir(tmp_path / 'cache'))
+
+
 @needs_cc
 def test_a_small_graph_builds_nothing_ahead_and_nothing_is_built_ahead_without_a_cache(fresh_cache,
                                                                                        monkeypatch):

@@ -26,6 +26,12 @@ from compiler.build.errors import HEADERS_HINT, INSTALL_HINT, CompilerNotFound, 
 
 PREFERRED = ('clang', 'gcc', 'tcc', 'cc')
 
+# sysconfig fills its table on first use, and not thread-safely: a thread
+# that asks while another fills it reads a half-filled table (EXT_SUFFIX
+# None: a cache key that misses; paths not there). Builds run in threads (the
+# loop kernels are built ahead while the C walk is built): fill it at import.
+sysconfig.get_config_vars()
+
 
 @dataclass(frozen=True)
 class Toolchain:
