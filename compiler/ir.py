@@ -597,6 +597,53 @@ def reads_out_of_order(a, b, pos, matters):
     return slots[at], reader[at], reader[at + 1]
 
 
+def min_index_order(ptr, deps, size=0):
+    """A topological order of the nodes ``0..n-1`` of a graph in which node
+    ``u`` waits for the nodes ``deps[ptr[u]:ptr[u + 1]]`` (int64 arrays):
+    of the nodes ready, the lowest first (Kahn's algorithm with a min-heap),
+    so that the order is the numbering wherever the dependencies allow. An
+    int64 array; ``ValueError`` where there is a cycle. ``size``: the ops
+    of the program it is for (the C loop runs for programs as large as the C
+    walk reads)."""
+    import heapq
+    import numpy as np
+    n = len(ptr) - 1
+    native = native_loops(size)
+    if native is not None:
+        order = np.empty(n, dtype=np.int64)
+        ran = native.min_index_order(order, *_int64s(ptr, deps))
+    else:
+        # the nodes in order, each run as soon as it is ready; one that must
+        # wait joins a heap when the last node it waits for has run
+        ptr, deps = np.asarray(ptr).tolist(), np.asarray(deps).tolist()
+        done, waiting, users, heap, out = bytearray(n), {}, {}, [], []
+
+        def run(u):
+            out.append(u)
+            done[u] = 1
+            for v in users.pop(u, ()):
+                waiting[v] -= 1
+                if not waiting[v]:
+                    del waiting[v]
+                    heapq.heappush(heap, v)
+        for u in range(n):
+            while heap and heap[0] < u:
+                run(heapq.heappop(heap))
+            pending = [d for d in deps[ptr[u]:ptr[u + 1]] if not done[d]]
+            if not pending:
+                run(u)
+                continue
+            waiting[u] = len(pending)
+            for d in pending:
+                users.setdefault(d, []).append(u)
+        while heap:
+            run(heapq.heappop(heap))
+        order, ran = np.array(out, dtype=np.int64), len(out)
+    if ran != n:
+        raise ValueError(f"min_index_order: a cycle ({n - ran} of {n} nodes never ready)")
+    return order
+
+
 def features(program):
     """The inputs the outputs depend on, in order: what ``predict`` needs."""
     live = _live(program, program.outputs)

@@ -33,16 +33,16 @@ How: every step reads the program's flat arrays (``ir.ScalarArrays``):
 use counts by ``np.bincount``, ``+`` chains by parent pointers (pointer
 jumping to their roots), rows by run detection over the chains' terms,
 layers by grouping rows on their vector operand's bytes. Python loops only
-over folds, rows and layers, and over scalar ops only where lifting moved a
-layer past one of its readers (the schedule below).
+over folds, rows and layers; where lifting moved a layer past one of its
+readers, the schedule is ``ir.min_index_order`` over the units (a C loop for
+programs the C walk reads).
 """
-import heapq
 from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, moved_labels,
-                        needs_grad, prefixes_hold, reads_out_of_order)
+from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, min_index_order,
+                        moved_labels, needs_grad, prefixes_hold, reads_out_of_order)
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -520,58 +520,39 @@ def _claim_blocks(blocks, layer):
 def _schedule(g, rep_of, reads):
     """Units (op indices of the cone's scalar ops and lifted reps) in a
     topological order that stays as close to the original as dependencies
-    allow: the ready unit of the lowest index first (Kahn's algorithm with a
-    min-heap). Where no unit reads one that comes after it, that is the
-    original order; else units are scanned in order and those that must
-    wait for a later unit join a heap when it has run."""
-    cone = g.cone
-    is_unit = rep_of == np.arange(cone)
-    scalar = np.flatnonzero(is_unit)
-    scalar = scalar[~np.isin(scalar, list(reads))]
+    allow: the ready unit of the lowest index first (``ir.min_index_order``).
+    Where no unit reads one that comes after it, that is the original order."""
+    units = np.flatnonzero(rep_of == np.arange(g.cone))
+    scalar = ~np.isin(units, np.fromiter(reads, dtype=np.int64, count=len(reads)))
+    dep_a, dep_b = _operand_units(g, rep_of, units)     # (a lifted unit's: those of its last op)
 
     def dep_units(slots):
         j = g.producer[slots]
         return rep_of[j[j >= 0]]
-    late = set()
-    late.update(scalar[_latest_read(g, rep_of, scalar) > scalar].tolist())
-    for u, slots in reads.items():
-        if len(slots) and dep_units(slots).max(initial=-1) > u:
-            late.add(u)
-    units = np.flatnonzero(is_unit)
+    late = bool(np.any((np.maximum(dep_a, dep_b) > units) & scalar))
+    late = late or any(len(slots) and dep_units(slots).max(initial=-1) > u for u, slots in reads.items())
     if not late:
         return units
-    # the general case: units in order, waiting where they must
-    done = bytearray(cone)
-    waiting, users, heap, order = {}, defaultdict(list), [], []
-    # for the units only: the cone's arrays are millions long, its units fewer
-    dep_a, dep_b = (d.tolist() for d in _operand_units(g, rep_of, units))
-
-    def emit(u):
-        order.append(u)
-        done[u] = 1
-        for v in users.pop(u, ()):
-            waiting[v] -= 1
-            if not waiting[v]:
-                del waiting[v]
-                heapq.heappush(heap, v)
-    for i, u in enumerate(units.tolist()):
-        while heap and heap[0] < u:
-            emit(heapq.heappop(heap))
-        if u in reads:
-            deps = set(dep_units(reads[u]).tolist()) - {u}
-        else:
-            deps = {dep_a[i], dep_b[i]} - {-1}
-        deps = [d for d in deps if not done[d]]
-        if not deps:
-            emit(u)
-            continue
-        waiting[u] = len(deps)
-        for d in deps:
-            users[d].append(u)
-    while heap:
-        emit(heapq.heappop(heap))
-    assert len(order) == len(units), "the lifted program has a cycle"
-    return np.array(order, dtype=np.int64)
+    # the general case: each unit waits for the units it reads, numbered by
+    # their place in `units` (pairs (unit, dependency), grouped by unit)
+    at = np.full(g.cone, -1, dtype=np.int64)
+    at[units] = np.arange(len(units))
+    node = np.r_[units, units]
+    dep = np.r_[dep_a, dep_b]
+    keep = (dep >= 0) & np.r_[scalar, scalar]
+    nodes, deps = [node[keep]], [dep[keep]]
+    for u, slots in reads.items():
+        d = np.unique(dep_units(slots))
+        d = d[d != u]
+        nodes.append(np.full(len(d), u, dtype=np.int64))
+        deps.append(d)
+    node, dep = at[np.concatenate(nodes)], at[np.concatenate(deps)]
+    by_node = np.argsort(node, kind='stable')
+    ptr = np.r_[0, np.cumsum(np.bincount(node, minlength=len(units)))]
+    try:
+        return units[min_index_order(ptr, dep[by_node], size=g.n)]
+    except ValueError:
+        raise AssertionError("the lifted program has a cycle") from None
 
 
 def _operand_units(g, rep_of, ops):
@@ -579,11 +560,6 @@ def _operand_units(g, rep_of, ops):
     two arrays, -1 for a leaf or no operand."""
     unit = np.r_[rep_of, np.full(g.n - g.cone + 1, -1, dtype=np.int64)]   # [-1]: no producer
     return unit[g.producer[g.a[ops]]], unit[g.producer[g.b[ops]]]
-
-
-def _latest_read(g, rep_of, ops):
-    """The latest unit each of ``ops`` (scalar op indices) reads from (-1: leaves only)."""
-    return np.maximum(*_operand_units(g, rep_of, ops))
 
 
 def _gradient_order_breaks(g, schedule, rep_of, lifted):

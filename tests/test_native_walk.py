@@ -410,3 +410,64 @@ def test_the_period_scan_in_c_gives_the_python_scans_stretches(monkeypatch, walk
                                  None)
     assert in_c == in_python
     assert max(in_c[0]) >= 3 * period
+
+
+def lowest_ready_first(n, deps_of):
+    """The order from scratch: repeatedly the lowest node whose dependencies have all run."""
+    order, ran = [], set()
+    while len(order) < n:
+        ready = [u for u in range(n) if u not in ran and all(d in ran for d in deps_of[u])]
+        if not ready:
+            return None
+        order.append(ready[0])
+        ran.add(ready[0])
+    return order
+
+
+@pytest.mark.parametrize('seed', range(20))
+def test_min_index_order_in_c_gives_the_python_order(monkeypatch, walker, seed):
+    from compiler.ir import min_index_order
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 120))
+    # a DAG over a shuffled numbering (so that nodes wait for later ones),
+    # some dependencies listed twice; odd seeds: a cycle in some
+    rank = rng.permutation(n)
+    deps_of = []
+    for u in range(n):
+        earlier = [v for v in range(n) if rank[v] < rank[u]]
+        k = min(len(earlier), int(rng.integers(0, 4)))
+        d = list(rng.choice(earlier, size=k, replace=False)) if k else []
+        deps_of.append([int(v) for v in d] + ([int(d[0])] if d and rng.random() < 0.2 else []))
+    if seed % 2 and n > 2:
+        u, v = (int(x) for x in rng.choice(n, size=2, replace=False))
+        deps_of[u].append(v)
+        deps_of[v].append(u)
+    ptr = np.r_[0, np.cumsum([len(d) for d in deps_of])].astype(np.int64)
+    deps = np.array([v for d in deps_of for v in d], dtype=np.int64)
+
+    def order(_):
+        try:
+            return min_index_order(ptr, deps).tolist()
+        except ValueError as e:
+            return str(e)
+    in_c, in_python = both_loops(monkeypatch, walker, order, None)
+    assert in_c == in_python
+    expected = lowest_ready_first(n, deps_of)
+    if expected is None:
+        assert 'a cycle' in in_c
+    else:
+        assert in_c == expected
+    if seed % 2 == 0 and n > 20:
+        assert expected != sorted(expected)         # some nodes waited
+
+
+def test_min_index_order_refuses_bad_arrays(walker):
+    order = np.empty(2, dtype=np.int64)
+    with pytest.raises(ValueError, match='out of range'):
+        walker.min_index_order(order, np.array([0, 1, 1], dtype=np.int64), np.array([2], dtype=np.int64))
+    with pytest.raises(ValueError, match='from 0 to len'):
+        walker.min_index_order(order, np.array([0, 1, 1], dtype=np.int64), np.array([1, 0], dtype=np.int64))
+    with pytest.raises(ValueError, match='one int64 per node'):
+        walker.min_index_order(order[:1], np.array([0, 1, 1], dtype=np.int64), np.array([1], dtype=np.int64))
+    assert walker.min_index_order(order, np.array([0, 1, 1], dtype=np.int64), np.array([1], dtype=np.int64)) == 2
+    assert order.tolist() == [1, 0]

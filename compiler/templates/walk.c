@@ -859,6 +859,116 @@ done:
     Py_RETURN_NONE;
 }
 
+/* The binary min-heap of min_index_order: heap[0..*n) */
+static void
+heap_push(int64_t *heap, int64_t *n, int64_t v)
+{
+    int64_t i = (*n)++;
+    while (i > 0 && heap[(i - 1) / 2] > v) {
+        heap[i] = heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    heap[i] = v;
+}
+
+static int64_t
+heap_pop(int64_t *heap, int64_t *n)
+{
+    int64_t top = heap[0], last = heap[--*n], i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && heap[c + 1] < heap[c])
+            c++;
+        if (heap[c] >= last)
+            break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    if (*n > 0)
+        heap[i] = last;
+    return top;
+}
+
+/* min_index_order(order, ptr, deps) -> nodes run: Kahn's algorithm over
+   the nodes 0..n-1 of a graph, node u waiting for the nodes
+   deps[ptr[u]:ptr[u + 1]] (int64; one listed twice is waited for twice),
+   the ready node of the lowest number first (a binary heap). order (n
+   int64, written) takes the nodes as they run; fewer than n run where
+   there is a cycle (``ir.min_index_order``'s loop). */
+static PyObject *
+min_index_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "min_index_order(order, ptr, deps)");
+        return NULL;
+    }
+    Buffers b;
+    if (buffers_get(&b, args, 3, 1) < 0)
+        return NULL;
+    int64_t *order = b.view[0].buf;
+    const int64_t *ptr = b.view[1].buf, *deps = b.view[2].buf;
+    const int64_t n = (int64_t)(b.view[1].len / 8) - 1, m = (int64_t)(b.view[2].len / 8);
+    int64_t *waiting = NULL, *uptr = NULL, *users = NULL, *heap = NULL, run = 0, ready = 0;
+    const char *bad = NULL;
+    if (n < 0 || b.view[0].len != 8 * (Py_ssize_t)n)
+        bad = "min_index_order: order must hold one int64 per node";
+    else if (ptr[0] != 0 || ptr[n] != m)
+        bad = "min_index_order: ptr must run from 0 to len(deps)";
+    for (int64_t u = 0; u < n && !bad; u++)
+        if (ptr[u] > ptr[u + 1])
+            bad = "min_index_order: ptr must not decrease";
+    for (int64_t e = 0; e < m && !bad; e++)
+        if (deps[e] < 0 || deps[e] >= n)
+            bad = "min_index_order: a dependency out of range";
+    if (bad) {
+        buffers_release(&b);
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    waiting = calloc((size_t)n + 1, sizeof(int64_t));
+    uptr = calloc((size_t)n + 2, sizeof(int64_t));
+    users = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
+    heap = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (waiting == NULL || uptr == NULL || users == NULL || heap == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* each node's users, by counting: uptr[d + 1] counts d's, then the
+       prefix sums; heap is the fill cursor until the walk needs it */
+    for (int64_t u = 0; u < n; u++)
+        for (int64_t e = ptr[u]; e < ptr[u + 1]; e++) {
+            uptr[deps[e] + 1]++;
+            waiting[u]++;
+        }
+    for (int64_t d = 0; d < n; d++)
+        uptr[d + 1] += uptr[d];
+    for (int64_t d = 0; d < n; d++)
+        heap[d] = uptr[d];
+    for (int64_t u = 0; u < n; u++)
+        for (int64_t e = ptr[u]; e < ptr[u + 1]; e++)
+            users[heap[deps[e]]++] = u;
+    for (int64_t u = 0; u < n; u++)      /* in order: each push stays a leaf */
+        if (waiting[u] == 0)
+            heap[ready++] = u;
+    while (ready > 0) {
+        const int64_t u = heap_pop(heap, &ready);
+        order[run++] = u;
+        for (int64_t e = uptr[u]; e < uptr[u + 1]; e++)
+            if (--waiting[users[e]] == 0)
+                heap_push(heap, &ready, users[e]);
+    }
+done:
+    free(waiting);
+    free(uptr);
+    free(users);
+    free(heap);
+    buffers_release(&b);
+    return PyErr_Occurred() ? NULL : PyLong_FromLongLong((long long)run);
+}
+
 PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
              "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
              "or None where the Python walk must read the graph.");
@@ -871,6 +981,7 @@ static PyMethodDef walk_methods[] = {
     {"mark_operands", (PyCFunction)(void (*)(void))mark_operands, METH_FASTCALL, NULL},
     {"reads_out_of_order", (PyCFunction)(void (*)(void))reads_out_of_order, METH_FASTCALL, NULL},
     {"loop_periods", (PyCFunction)(void (*)(void))loop_periods, METH_FASTCALL, NULL},
+    {"min_index_order", (PyCFunction)(void (*)(void))min_index_order, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
