@@ -746,7 +746,15 @@ class Loop:
         return out
 
     def _all(self, first, last):
-        """Slots ``first`` to ``last - 1`` of each body op in every iteration, in order."""
+        """Slots ``first`` to ``last - 1`` of each body op in every iteration,
+        in order (a new list; the passes and codegen ask a loop for them
+        several times, and its body never changes: made once)."""
+        made = self.__dict__.setdefault('_slots', {})
+        if (first, last) not in made:
+            made[first, last] = self._make_all(first, last)
+        return list(made[first, last])
+
+    def _make_all(self, first, last):
         import numpy as np
         base, step = [], []
         for op, steps in zip(self.body, self.steps):

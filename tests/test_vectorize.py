@@ -13,7 +13,7 @@ from micrograd import Value
 from micrograd.nn import MLP
 from mnist_data import mnist_graph
 
-from tests.differential import (COMPILERS, assert_matches_interpreter,
+from tests.differential import (COMPILERS, assert_matches_interpreter, compile_graph,
                                 assert_train_batch_matches_interpreter, needs_cc, same)
 from tests.graphs import mlp_builder
 
@@ -210,6 +210,25 @@ def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
                [-0.0, 2.0, 0.0, math.nan, 0.0]]
     m = assert_matches_interpreter(build, samples, params, cc)
     assert 'MatVec' in vector_op_kinds(m.program)
+
+
+@needs_cc
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_a_head_set_to_minus_zero_later_turns_off_the_zero_skipping_at_that_refresh(cc):
+    # each bias comes before its row's weights, so the heads are not evenly
+    # spaced in p and a table copies them at every refresh; the zero-skipping
+    # flag of that refresh must see the heads it copied, not the last ones
+    def build(inputs, params):
+        ys = bias_first_layer(inputs, params, 17)
+        return sum(y.relu() for y in ys), ys
+
+    def params(bias):
+        return [v for r in range(17) for v in [bias(r)] + [0.25 * ((r + c) % 3 - 1) + 0.1 for c in range(5)]]
+    m = compile_graph(build, 5, params(lambda r: -1.0), cc)
+    assert 'static const int copy[' in m.source
+    later = params(lambda r: -0.0 if r % 2 else -1.0)
+    m.set_params(later)
+    assert_matches_interpreter(build, [[0.0] * 5, [0.0, 0.0, 1.0, 0.0, 0.0]], later, cc, model=m)
 
 
 @needs_cc
