@@ -215,18 +215,21 @@ def test_skipping_zeros_stays_exact_at_signed_zeros_and_infinities(cc):
 @needs_cc
 @pytest.mark.parametrize('cc', COMPILERS)
 def test_a_head_set_to_minus_zero_later_turns_off_the_zero_skipping_at_that_refresh(cc):
-    # each bias comes before its row's weights, so the heads are not evenly
-    # spaced in p and a table copies them at every refresh; the zero-skipping
-    # flag of that refresh must see the heads it copied, not the last ones
+    # the even rows start from a bias, the odd ones from the constant 1.0, so
+    # the heads are not evenly spaced in p and a table copies them at every
+    # refresh; the zero-skipping flag of that refresh must see the heads it
+    # copied, not the last ones
     def build(inputs, params):
-        ys = bias_first_layer(inputs, params, 17)
+        it = iter(params)
+        ys = [sum((next(it) * x for x in inputs), next(it) if r % 2 == 0 else 1.0) for r in range(17)]
         return sum(y.relu() for y in ys), ys
 
     def params(bias):
-        return [v for r in range(17) for v in [bias(r)] + [0.25 * ((r + c) % 3 - 1) + 0.1 for c in range(5)]]
-    m = compile_graph(build, 5, params(lambda r: -1.0), cc)
-    assert 'static const int copy[' in m.source
-    later = params(lambda r: -0.0 if r % 2 else -1.0)
+        return [v for r in range(17)
+                for v in [bias] * (r % 2 == 0) + [0.25 * ((r + c) % 3 - 1) + 0.1 for c in range(5)]]
+    m = compile_graph(build, 5, params(-1.0), cc)
+    assert 'static const int copy[' in m.source and 'MatVec' in vector_op_kinds(m.program)
+    later = params(-0.0)
     m.set_params(later)
     assert_matches_interpreter(build, [[0.0] * 5, [0.0, 0.0, 1.0, 0.0, 0.0]], later, cc, model=m)
 
