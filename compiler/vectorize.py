@@ -452,23 +452,27 @@ def _make_layer(vector, members, rows, g):
     members.sort(key=lambda m: m[1][0])        # rows in the weights' order
     R, C = len(members), len(vector)
     weights = np.stack([w for _, w in members])
-    if np.isin(vector, weights).any():
+    ordered = np.sort(weights.ravel())          # (one sort answers the three questions on W)
+    if _among(ordered, vector).any():
         return None, None       # x * x (a sum of squares): not a layer
     if _repeats(vector):
         return None, 'an input appears twice in x'
-    if _repeats(weights.ravel()):   # each weight in one row, once (it may be
+    if np.any(ordered[1:] == ordered[:-1]):   # each weight in one row, once (it may be
         return None, 'a weight appears twice in W'   # shared with other layers: _consistent_weights)
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
         return None, 'some rows start from a head (bias), others not'
     if heads[0] is not None and _repeats(np.array(heads)):
         return None, 'two rows start from the same head'
-    operands = set(vector.tolist()).union(weights.ravel().tolist())
+    is_operand = {}
+    if heads[0] is not None:
+        hs = np.array(heads, dtype=np.int64)
+        is_operand = dict(zip(heads, (_among(ordered, hs) | _among(np.sort(vector), hs)).tolist()))
     program = g.program
     for h in heads:
         if h is None:
             continue
-        if h in operands:
+        if is_operand[h]:
             return None, f'head %{h} is also a weight or an input'
         # a parameter head's other uses are ordered like a weight's (the
         # order check); a computed head's gradient is added by the row
@@ -493,6 +497,13 @@ def _make_layer(vector, members, rows, g):
     y_slots = g.out[roots]
     return _Layer(roots, vector, weights, heads, y_slots, bwd_rows, x_needs_grad, leaves,
                   {root: rows[root][3] for root in roots}), None
+
+
+def _among(ordered, slots):
+    """Whether each of ``slots`` is in ``ordered`` (sorted, not empty):
+    ``np.isin`` without its sort, for arrays sorted once and asked often."""
+    at = np.minimum(np.searchsorted(ordered, slots), len(ordered) - 1)
+    return ordered[at] == slots
 
 
 def _repeats(slots):

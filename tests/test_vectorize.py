@@ -388,3 +388,33 @@ def test_train_batch_with_nonfinite_gradients_matches_the_interpreter(cc, n_inpu
     X = [[1.0, 2.0, 3.0, 0.5] * q] + [[0.0] * n_inputs] * 70 + [[0.0, 1.0, 0.0, 2.0] * q]
     m = assert_train_batch_matches_interpreter(log_relu_layer, X, params, 0.01, cc)
     assert 'MatVec' in vector_op_kinds(m.program)
+
+
+@pytest.mark.parametrize('case, reason', [
+    ('a weight in two rows', 'a weight appears twice in W'),
+    ('a head that is a weight', 'is also a weight or an input'),
+    ('a head that is an input', 'is also a weight or an input'),
+    ('an input twice', 'an input appears twice in x'),
+])
+def test_rows_that_look_like_a_layer_but_are_none_say_why(case, reason):
+    import compiler
+    xs = [Value(0.0) for _ in range(3)]
+    W = [[Value(0.1 * (r + c + 1)) for c in range(3)] for r in range(4)]
+    b = [Value(0.5 - 0.25 * r) for r in range(4)]
+    ys = []
+    for r in range(4):
+        ws, x, head = list(W[r]), xs, b[r]
+        if case == 'a weight in two rows' and r == 1:
+            ws[0] = W[0][0]
+        if case == 'a head that is a weight' and r == 0:
+            head = W[0][1]
+        if case == 'a head that is an input' and r == 0:
+            head = xs[0]
+        if case == 'an input twice':
+            x = [xs[0], xs[1], xs[0]]
+        ys.append(sum((w * xi for w, xi in zip(ws, x)), head))
+    params = [w for row in W for w in row] + b
+    program = vectorize(compiler.trace(sum(y.tanh() for y in ys), xs, params))
+    assert not [op for op in program.ops if type(op) is MatVec]
+    assert [why.rows for why in program.not_lifted] == [4], program.not_lifted
+    assert reason in program.not_lifted[0].reason
