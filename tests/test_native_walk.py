@@ -471,3 +471,40 @@ def test_min_index_order_refuses_bad_arrays(walker):
         walker.min_index_order(order[:1], np.array([0, 1, 1], dtype=np.int64), np.array([1], dtype=np.int64))
     assert walker.min_index_order(order, np.array([0, 1, 1], dtype=np.int64), np.array([1], dtype=np.int64)) == 2
     assert order.tolist() == [1, 0]
+
+
+def with_lifted(program, seed):
+    """``program`` (scalar) with some of its ops lifted, as a pass leaves a
+    program: arrays of the other scalar ops, and the lifted ones between
+    them (each '+' a ``Sum``, other ops one-iteration ``Loop``s); and the
+    same program as a list of ops (what the analyses read op by op)."""
+    from compiler.ir import Loop, Program, ScalarArrays, Sum, loop_slots
+    rng = random.Random(seed)
+    ops = program.ops
+    lifted, scalar = [], []
+    for i, op in enumerate(ops):
+        if rng.random() < 0.3 and i < len(ops) - 1:      # (the last op writes the loss: an Op)
+            lifted.append((i, Sum(op.out, list(op.args)) if op.name == '+' else
+                           Loop(1, (op,), ((0,) * len(loop_slots(op)),))))
+        else:
+            scalar.append(op)
+
+    def make(**how):
+        return Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
+                       constants=program.constants, n_grad_ops=program.n_grad_ops, loss=program.loss,
+                       outputs=program.outputs, prefix_sums=program.prefix_sums, **how)
+    return (make(arrays=ScalarArrays.from_ops(scalar), lifted=tuple(lifted)),
+            make(ops=[op for _, op in sorted(lifted + [(i, op) for i, op in enumerate(ops)
+                                                       if i not in dict(lifted)])]))
+
+
+@pytest.mark.parametrize('seed', range(40))
+def test_prefixes_hold_on_lifted_arrays_gives_the_op_by_op_answer(monkeypatch, walker, seed):
+    from compiler.ir import prefixes_hold
+    program = rewired_program(seed)
+    arrays_form, ops_form = with_lifted(program, seed)
+    assert arrays_form.lifted and arrays_form._ops is None
+    expected = prefixes_hold(ops_form)
+    in_c, in_python = both_loops(monkeypatch, walker, prefixes_hold, arrays_form)
+    assert in_c == in_python == expected == prefixes_hold(program)
+    assert expected or seed % 2
