@@ -618,6 +618,18 @@ buffers_get(Buffers *b, PyObject *const *args, int n, int last_free)
     return 0;
 }
 
+/* buffers_get for a function of exactly n arguments (``usage`` names them:
+   the TypeError otherwise). */
+static int
+buffers_of_args(Buffers *b, PyObject *const *args, Py_ssize_t nargs, int n, int last_free, const char *usage)
+{
+    if (nargs != n) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    return buffers_get(b, args, n, last_free);
+}
+
 /* The loop of mark_readers (forward: flags[out[i]] = 1 when flags[a[i]] or
    flags[b[i]]) or of mark_operands (backward: marks a[i] and b[i] when
    out[i] is marked) over the ops [start, stop) of args (marks, out, a, b,
@@ -686,12 +698,8 @@ static PyObject *
 cones_hold(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "cones_hold(live, out, a, b, cuts)");
-        return NULL;
-    }
     Buffers b;
-    if (buffers_get(&b, args, 5, 1) < 0)
+    if (buffers_of_args(&b, args, nargs, 5, 1, "cones_hold(live, out, a, b, cuts)") < 0)
         return NULL;
     unsigned char *live = b.view[0].buf;
     const int64_t *out = b.view[1].buf, *x = b.view[2].buf, *y = b.view[3].buf, *cuts = b.view[4].buf;
@@ -733,12 +741,8 @@ static PyObject *
 reads_out_of_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "reads_out_of_order(matters, a, b, pos)");
-        return NULL;
-    }
     Buffers b;
-    if (buffers_get(&b, args, 4, 0) < 0)
+    if (buffers_of_args(&b, args, nargs, 4, 0, "reads_out_of_order(matters, a, b, pos)") < 0)
         return NULL;
     PyObject *found = NULL;
     int64_t *last = NULL;
@@ -901,12 +905,8 @@ static PyObject *
 min_index_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "min_index_order(order, ptr, deps)");
-        return NULL;
-    }
     Buffers b;
-    if (buffers_get(&b, args, 3, 1) < 0)
+    if (buffers_of_args(&b, args, nargs, 3, 1, "min_index_order(order, ptr, deps)") < 0)
         return NULL;
     int64_t *order = b.view[0].buf;
     const int64_t *ptr = b.view[1].buf, *deps = b.view[2].buf;
