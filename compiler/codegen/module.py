@@ -29,12 +29,12 @@ import re
 
 import numpy as np
 
+from compiler import cpu
 from compiler.codegen import optimizer as optimizer_c
 from compiler.codegen.program import _Program
 from compiler.codegen.matvec import row_input_runs
 from compiler.codegen.scalar import c_double
 from compiler.constants import C_DEFINES, KERNELS
-from compiler.cpu import VECTOR_SETS, kernel_sets
 from compiler.ir import features, positions_of_writes
 from compiler.templates import read_template
 
@@ -76,7 +76,7 @@ class Source(str):
         return source
 
 
-def _kernels(sets=VECTOR_SETS):
+def _kernels(sets=cpu.VECTOR_SETS):
     """The loop kernels' code: what they share, then the loops of the
     baseline and of each vector set of ``sets`` (of ``VECTOR_SETS``; the
     x86-64 ones: tcc builds plain loops only), and the choice of one at load
@@ -85,10 +85,11 @@ def _kernels(sets=VECTOR_SETS):
     prologue of the fixed numbers only, its object is cached once for all
     programs."""
     body = read_template('kernels_body.c')
+
     def built_for(isa, level):
         return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body,
                           '#undef MV_LEVEL', '#undef MV_ISA'])
-    vector = [f'{built_for(isa, KERNELS.index(isa))}\n#define MV_HAS_{isa.upper()} 1' for isa in VECTOR_SETS
+    vector = [f'{built_for(isa, KERNELS.index(isa))}\n#define MV_HAS_{isa.upper()} 1' for isa in cpu.VECTOR_SETS
               if isa in sets]
     return '\n'.join([read_template('kernels.c'),
                       '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
@@ -106,7 +107,7 @@ def kernels_unit(sets=None):
     known: ``compiler.build.ahead``)."""
     fixed = '\n'.join([prologue(_defines_c(_FIXED_DEFINES), python=False), read_template('contract.h'),
                        read_template('kernels_api.c')])
-    return 'kernels', fixed + '\n' + _kernels(kernel_sets() if sets is None else sets)
+    return 'kernels', fixed + '\n' + _kernels(cpu.kernel_sets() if sets is None else sets)
 
 
 def _runs(program, layout):
