@@ -615,8 +615,8 @@ def _lifted_prefixes_hold(program):
         lo, hi = int(np.searchsorted(at, start)), int(np.searchsorted(at, cut, side='right'))
         cut_at = int(np.searchsorted(at, cut))
         live[lifted[cut_at][1].out if cut_at < len(at) and at[cut_at] == cut else out[scalar_index(cut)]] = 1
-        done = scalar_index(cut + 1)               # the position's scalar ops: [scalar_index(start), done)
-        first = scalar_index(start)
+        first, end = scalar_index(start), scalar_index(cut + 1)    # the position's scalar ops
+        done = end
         for rank in reversed(range(lo, hi)):       # its lifted ops, last to first, each after the ops behind it
             i, op = lifted[rank]
             _mark_operands(native, live, out, a, b, i - rank, done)
@@ -625,7 +625,7 @@ def _lifted_prefixes_hold(program):
                 return False
             _mark_reads(live, op)
         _mark_operands(native, live, out, a, b, first, done)
-        if not marks[arrays.out[first:scalar_index(cut + 1)]].all():
+        if not marks[arrays.out[first:end]].all():
             return False
         start = cut + 1
     return True

@@ -452,12 +452,12 @@ def _make_layer(vector, members, rows, g):
     members.sort(key=lambda m: m[1][0])        # rows in the weights' order
     R, C = len(members), len(vector)
     weights = np.stack([w for _, w in members])
-    ordered = np.sort(weights.ravel())          # (one sort answers the three questions on W)
+    ordered, x_ordered = np.sort(weights.ravel()), np.sort(vector)   # (each sorted once, asked thrice)
     if _among(ordered, vector).any():
         return None, None       # x * x (a sum of squares): not a layer
-    if _repeats(vector):
+    if _sorted_repeats(x_ordered):
         return None, 'an input appears twice in x'
-    if np.any(ordered[1:] == ordered[:-1]):   # each weight in one row, once (it may be
+    if _sorted_repeats(ordered):   # each weight in one row, once (it may be
         return None, 'a weight appears twice in W'   # shared with other layers: _consistent_weights)
     heads = [rows[root][0] for root, _ in members]
     if any(h is None for h in heads) != all(h is None for h in heads):
@@ -467,7 +467,7 @@ def _make_layer(vector, members, rows, g):
     is_operand = {}
     if heads[0] is not None:
         hs = np.array(heads, dtype=np.int64)
-        is_operand = dict(zip(heads, (_among(ordered, hs) | _among(np.sort(vector), hs)).tolist()))
+        is_operand = dict(zip(heads, (_among(ordered, hs) | _among(x_ordered, hs)).tolist()))
     program = g.program
     for h in heads:
         if h is None:
@@ -507,8 +507,12 @@ def _among(ordered, slots):
 
 
 def _repeats(slots):
-    s = np.sort(slots)
-    return bool(np.any(s[1:] == s[:-1]))
+    return _sorted_repeats(np.sort(slots))
+
+
+def _sorted_repeats(ordered):
+    """Whether ``ordered`` (sorted) holds a value twice."""
+    return bool(np.any(ordered[1:] == ordered[:-1]))
 
 
 def _claim_blocks(blocks, layer):
