@@ -463,7 +463,7 @@ def native_loops(n_ops):
     return None if _native_loops_of is None else _native_loops_of(n_ops)
 
 
-def _int64s(*arrays):
+def int64_arrays(*arrays):
     """The arrays as the C loops read them: C-contiguous int64 (no copy when they are)."""
     import numpy as np
     return [np.ascontiguousarray(x, dtype=np.int64) for x in arrays]
@@ -473,7 +473,7 @@ def _loop_operands(arrays, native):
     """``out``, ``a`` and ``either()`` of ``arrays`` as the loops index them:
     int64 arrays for the C loops (``native``), lists for the Python ones."""
     out, a, b = arrays.out, arrays.a, arrays.either()
-    return _int64s(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
+    return int64_arrays(out, a, b) if native is not None else (out.tolist(), a.tolist(), b.tolist())
 
 
 def needs_grad(program):
@@ -551,7 +551,7 @@ def prefixes_hold(program):
         native = native_loops(len(arrays.out))
         out, a, b = _loop_operands(arrays, native)
         if native is not None:
-            return native.cones_hold(live, out, a, b, *_int64s(cuts))
+            return native.cones_hold(live, out, a, b, *int64_arrays(cuts))
         start = 0
         for cut in cuts:
             live[out[cut]] = 1
@@ -653,7 +653,7 @@ def reads_out_of_order(a, b, pos, matters):
     native = native_loops(len(a))
     if native is not None:
         found = np.array(native.reads_out_of_order(np.ascontiguousarray(matters, dtype=np.uint8),
-                                                   *_int64s(a, b, pos)), dtype=np.int64).reshape(-1, 3)
+                                                   *int64_arrays(a, b, pos)), dtype=np.int64).reshape(-1, 3)
         found = found[np.lexsort((found[:, 1], found[:, 0]))]
         return found[:, 0], found[:, 1], found[:, 2]
     ops = np.arange(len(a), dtype=np.int64)
@@ -681,7 +681,7 @@ def min_index_order(ptr, deps, size=0):
     native = native_loops(size)
     if native is not None:
         order = np.empty(n, dtype=np.int64)
-        ran = native.min_index_order(order, *_int64s(ptr, deps))
+        ran = native.min_index_order(order, *int64_arrays(ptr, deps))
     else:
         # the nodes in order, each run as soon as it is ready; one that must
         # wait joins a heap when the last node it waits for has run

@@ -41,8 +41,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, min_index_order,
-                        moved_labels, needs_grad, prefixes_hold, reads_out_of_order)
+from compiler.ir import (MatVec, NotLifted, Op, OP_CODES, Program, ScalarArrays, SlotMap, Sum, int64_arrays,
+                        min_index_order, moved_labels, native_loops, needs_grad, prefixes_hold, reads_out_of_order)
 
 MIN_SUM_TERMS = 3    # a 2-term fold is just a '+'
 MIN_ROW_PRODUCTS = 2
@@ -173,16 +173,44 @@ def _flatten_sums(g):
     terms, and every two-term fold of two products (a row's shortest form)."""
     plus = np.zeros(g.n + 1, dtype=bool)           # [-1] stays False: "no producer"
     plus[:g.cone] = g.code[:g.cone] == _PLUS
-    P = np.flatnonzero(plus[:g.n])
-    if not len(P):
+    members, terms, starts = _fold_chains(g, plus)
+    if not len(members):
         return {}
+    sizes = np.diff(np.r_[starts, len(members)])
+    t_start = starts + np.arange(len(starts))      # a chain of k '+' has k + 1 terms
+    t_end = np.r_[t_start[1:], len(terms)]
+    products = g.products(terms)
+    wanted = (sizes >= MIN_SUM_TERMS - 1) | products[t_start] & products[t_start + 1]
+    folds = {}
+    for k in np.flatnonzero(wanted).tolist():
+        s, n = int(starts[k]), int(sizes[k])
+        folds[int(members[s + n - 1])] = (terms[t_start[k]:t_end[k]], members[s:s + n])
+    return folds
+
+
+def _fold_chains(g, plus):
+    """The chains of '+' ops (``plus``: one flag an op, and False at [-1]):
+    a '+' extends the chain of the '+' its ``a`` comes from when that ``a``
+    is read only there, else that of its ``b``'s. ``(members, terms,
+    starts)``: chain by chain, ordered by their last '+', the op indices from
+    the first '+' up, the terms (the first's ``a`` and ``b``, then each later
+    '+''s other operand; (chain + t) == (t + chain), so the term added is
+    always last), and where each chain's members start. In C for large
+    programs (``fold_chains`` of the tracer's module), else numpy."""
+    native = native_loops(g.n)
+    if native is not None:
+        n_plus = int(np.count_nonzero(plus))
+        members, terms = np.empty(n_plus, dtype=np.int64), np.empty(2 * n_plus, dtype=np.int64)
+        starts = np.empty(n_plus, dtype=np.int64)
+        chains = native.fold_chains(plus[:g.n], *int64_arrays(g.a, g.b, g.producer, g.uses), members, terms, starts)
+        return members, terms[:n_plus + chains], starts[:chains]
+    P = np.flatnonzero(plus[:g.n])
     a, b = g.a[P], g.b[P]
     pa, pb = g.producer[a], g.producer[b]
     via_a = plus[pa] & (g.uses[a] == 1)
     via_b = ~via_a & plus[pb] & (g.uses[b] == 1)
     child = np.where(via_a, pa, np.where(via_b, pb, -1))      # the fold this '+' extends
     other = np.where(via_a, b, a)                               # the term it adds
-    # (chain + other) == (other + chain): the term added is always last
     at = np.full(g.n, -1, dtype=np.int64)
     at[P] = np.arange(len(P))
     up = np.arange(len(P))                      # each '+' -> the one extending it
@@ -198,23 +226,13 @@ def _flatten_sums(g):
     order = np.lexsort((P, root))               # chain by chain, first '+' first
     roots_sorted = root[order]
     starts = np.flatnonzero(np.r_[True, roots_sorted[1:] != roots_sorted[:-1]])
-    sizes = np.diff(np.r_[starts, len(order)])
     bottom = ~has_child[order]
     n_terms = np.where(bottom, 2, 1)
     offset = np.cumsum(n_terms) - n_terms
     terms = np.empty(int(n_terms.sum()), dtype=np.int64)
     terms[offset] = np.where(bottom, a[order], other[order])
     terms[offset[bottom] + 1] = b[order][bottom]
-    t_start = offset[starts]
-    t_end = np.r_[t_start[1:], len(terms)]
-    products = g.products(terms)
-    wanted = (sizes >= MIN_SUM_TERMS - 1) | products[t_start] & products[t_start + 1]
-    members = P[order]
-    folds = {}
-    for k in np.flatnonzero(wanted).tolist():
-        s, n = int(starts[k]), int(sizes[k])
-        folds[int(members[s + n - 1])] = (terms[t_start[k]:t_end[k]], members[s:s + n])
-    return folds
+    return P[order], terms, starts
 
 
 # -- 2. rows ---------------------------------------------------------------------

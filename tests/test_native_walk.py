@@ -508,3 +508,84 @@ def test_prefixes_hold_on_lifted_arrays_gives_the_op_by_op_answer(monkeypatch, w
     in_c, in_python = both_loops(monkeypatch, walker, prefixes_hold, arrays_form)
     assert in_c == in_python == expected == prefixes_hold(program)
     assert expected or seed % 2
+
+
+def sums_graph(seed, n_ops=400):
+    """A random graph of '+' chains: products and sums over recent values,
+    a chain sometimes the second operand, some values read twice (a chain
+    ends there) and some read from outside (an output)."""
+    rng = random.Random(seed)
+    inputs = [Value(rng.uniform(-1, 1)) for _ in range(4)]
+    params = [Value(rng.uniform(-1, 1)) for _ in range(6)]
+    pool = inputs + params
+    for _ in range(n_ops):
+        a, b = pool[-1 - min(len(pool) - 1, int(rng.expovariate(1 / 3)))], rng.choice(pool)
+        r = rng.random()
+        pool.append(a * b if r < 0.3 else (a + b if r < 0.75 else b + a) if r < 0.95 else a.tanh())
+    outputs = rng.sample(pool[10:], 4)
+    return pool[-1] + pool[-7], inputs, params, outputs
+
+
+def chains_from_scratch(g, plus):
+    """_fold_chains's answer by its definition: each root expanded recursively."""
+    def fold(s):
+        j = int(g.producer[s])
+        return j if j >= 0 and plus[j] and g.uses[s] == 1 else -1
+
+    def child(i):               # the '+' that i extends, and the term i adds
+        a, b = int(g.a[i]), int(g.b[i])
+        return (fold(a), b) if fold(a) >= 0 else (fold(b), a) if fold(b) >= 0 else (-1, None)
+
+    def expand(i):
+        j, term = child(i)
+        if j < 0:
+            return [i], [int(g.a[i]), int(g.b[i])]
+        members, terms = expand(j)
+        return members + [i], terms + [term]
+    folded = {child(i)[0] for i in np.flatnonzero(plus[:g.n]).tolist()}
+    members, terms, starts = [], [], []
+    for i in np.flatnonzero(plus[:g.n]).tolist():
+        if i not in folded:
+            m, t = expand(i)
+            starts.append(len(members))
+            members += m
+            terms += t
+    return members, terms, starts
+
+
+@pytest.mark.parametrize('seed', range(12))
+def test_the_chains_of_sums_in_c_give_the_numpy_chains(monkeypatch, walker, seed):
+    from compiler.vectorize import _PLUS, _fold_chains, _Graph
+    program, _, _ = trace_graph(*sums_graph(seed))
+    g = _Graph(program, program.scalar_arrays)
+    plus = np.zeros(g.n + 1, dtype=bool)
+    plus[:g.cone] = g.code[:g.cone] == _PLUS
+    in_c, in_python = both_loops(monkeypatch, walker, lambda _: [x.tolist() for x in _fold_chains(g, plus)], None)
+    assert in_c == in_python == list(chains_from_scratch(g, plus))
+    lengths = np.diff(in_c[2] + [len(in_c[0])])
+    assert max(lengths) >= 4 and min(lengths) == 1        # long chains and single '+'s
+
+
+def test_fold_chains_refuses_arrays_that_are_no_program(walker):
+    # ops: 0: %2 = %0 + %1;  1: %3 = %2 + %0
+    plus = np.ones(2, dtype=bool)
+    a, b = np.array([0, 2], dtype=np.int64), np.array([1, 0], dtype=np.int64)
+    producer, uses = np.array([-1, -1, 0, 1, -1], dtype=np.int64), np.array([2, 1, 1, 1], dtype=np.int64)
+
+    def run(plus=plus, a=a, b=b, producer=producer, uses=uses, room=2):
+        out = [np.zeros(room, dtype=np.int64), np.zeros(2 * room, dtype=np.int64), np.zeros(room, dtype=np.int64)]
+        chains = walker.fold_chains(plus, a, b, producer, uses, *out)
+        return chains, [x.tolist() for x in out]
+    assert run() == (1, [[0, 1], [0, 1, 0, 0], [0, 0]])
+    with pytest.raises(ValueError, match='out of range'):
+        run(a=np.array([0, 7], dtype=np.int64))
+    with pytest.raises(ValueError, match='at or after'):
+        run(producer=np.array([-1, -1, 1, 1, -1], dtype=np.int64))
+    with pytest.raises(ValueError, match='folded twice'):   # + 2: %4 = %2 + %1, and uses says %2 is read once
+        run(plus=np.ones(3, dtype=bool), a=np.array([0, 2, 2], dtype=np.int64), b=np.array([1, 0, 1], dtype=np.int64),
+            producer=np.array([-1, -1, 0, 1, 2, -1], dtype=np.int64), uses=np.array([2, 2, 1, 0, 0], dtype=np.int64),
+            room=3)
+    with pytest.raises(ValueError, match='one slot per op'):
+        run(b=b[:1])
+    with pytest.raises(ValueError, match='two'):
+        run(room=1)

@@ -31,8 +31,11 @@
  *     mark_readers(flags, out, a, b, start, stop) -> None
  *     cones_hold(live, out, a, b, cuts) -> bool
  *     mark_operands(live, out, a, b, start, stop) -> None
+ *     reads_out_of_order(matters, a, b, pos) -> list
+ *     loop_periods(...), min_index_order(order, ptr, deps) -> int
+ *     fold_chains(plus, a, b, producer, uses, members, terms, starts) -> int
  *
- * are three loops of the passes over the program's arrays (see below).
+ * are loops of the passes over the program's arrays (see below).
  *
  * It reads only the happy path: Values of exactly ``value_type`` or
  * ``constant_type`` (their ``__slots__`` read at their offsets), a tuple
@@ -575,9 +578,10 @@ leaves_ok(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- loops of the passes over the program's arrays ------------------------
  *
- * Five loops the passes run over every scalar op of a large program, here
- * because Python spends about 0.1 us an op on them (compiler/ir.py holds
- * their Python twins, which run for small programs and without C). Their
+ * Loops the passes run over every scalar op of a large program, here
+ * because Python spends about 0.1 us an op on them (compiler/ir.py and
+ * compiler/vectorize.py hold their Python twins, which run for small
+ * programs and without C). Their
  * arrays arrive as buffers: ``flags`` / ``live`` one byte a slot, writable;
  * ``out``, ``a``, ``b`` and ``cuts`` int64, C-contiguous. A slot outside
  * ``flags`` or an index outside the ops is a ValueError, never a stray write. */
@@ -969,6 +973,121 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong((long long)run);
 }
 
+/* The '+' a '+' op i folds (its a's producer when that is a '+' read only
+   there, else its b's, else -1; *via_a says which), or -2 for arrays that
+   are not a program's (an operand out of range, a producer not before i). */
+static int64_t
+fold_child(const unsigned char *plus, const int64_t *x, const int64_t *y, const int64_t *producer,
+           int64_t n_producer, const int64_t *uses, int64_t n_slots, int64_t i, int *via_a)
+{
+    const int64_t s = x[i], t = y[i];
+    if ((uint64_t)s >= (uint64_t)n_slots || (uint64_t)t >= (uint64_t)n_slots || s >= n_producer || t >= n_producer)
+        return -2;
+    const int64_t ps = producer[s], pt = producer[t];
+    if (ps >= i || pt >= i || ps < -1 || pt < -1)
+        return -2;
+    *via_a = ps >= 0 && plus[ps] && uses[s] == 1;
+    if (*via_a)
+        return ps;
+    return pt >= 0 && plus[pt] && uses[t] == 1 ? pt : -1;
+}
+
+/* fold_chains(plus, a, b, producer, uses, members, terms, starts) -> chains:
+   the chains of '+' of ``vectorize._flatten_sums``. plus: one byte an op,
+   set for the '+' ops that may fold; a, b: the ops' operand slots; producer:
+   each slot's op (-1 for a leaf); uses: each slot's reads. A '+' extends
+   the chain of the '+' its a comes from when that a is read only there,
+   else that of its b's (``fold_child``). Chains ordered by their last '+'
+   (the root), each from its first '+' up: members[] their op indices,
+   terms[] the first's a and b, then each later '+''s other operand,
+   starts[] where each chain's members start (its terms start that many
+   plus its index further). members and starts hold one int64 per '+',
+   terms two. */
+static PyObject *
+fold_chains(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "fold_chains(plus, a, b, producer, uses, members, terms, starts)");
+        return NULL;
+    }
+    Py_buffer v[8];
+    int held = 0;
+    const char *bad = NULL;
+    for (; held < 8; held++)
+        if (PyObject_GetBuffer(args[held], &v[held], held >= 5 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+            break;
+    unsigned char *extended = NULL;
+    int64_t chains = 0;
+    if (held < 8)
+        goto done;
+    const unsigned char *plus = v[0].buf;
+    const int64_t *x = v[1].buf, *y = v[2].buf, *producer = v[3].buf, *uses = v[4].buf;
+    int64_t *members = v[5].buf, *terms = v[6].buf, *starts = v[7].buf;
+    const int64_t n = (int64_t)v[0].len, n_producer = (int64_t)(v[3].len / 8), n_slots = (int64_t)(v[4].len / 8);
+    int64_t n_plus = 0;
+    for (int64_t i = 0; i < n; i++)
+        n_plus += plus[i] != 0;
+    for (int i = 1; i < 8; i++)
+        if (v[i].len % 8)
+            bad = "fold_chains: the arrays after plus must be int64";
+    if (!bad && (v[1].len != 8 * n || v[2].len != 8 * n))
+        bad = "fold_chains: a and b need one slot per op of plus";
+    else if (!bad && (v[5].len < 8 * n_plus || v[6].len < 16 * n_plus || v[7].len < 8 * n_plus))
+        bad = "fold_chains: members and starts need one int64 per '+', terms two";
+    if (bad)
+        goto done;
+    extended = calloc((size_t)n + 1, 1);
+    if (extended == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int via_a;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        if (!plus[i])
+            continue;
+        const int64_t c = fold_child(plus, x, y, producer, n_producer, uses, n_slots, i, &via_a);
+        if (c == -2)
+            bad = "fold_chains: an operand out of range, or made at or after its reader";
+        else if (c >= 0)
+            extended[c] = 1;
+    }
+    /* each root (a '+' no '+' extends), lowest first: down its chain to
+       count it, then down again writing it from its last '+' back */
+    int64_t m = 0, t = 0;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        if (!plus[i] || extended[i])
+            continue;
+        int64_t length = 1, j = i;
+        while ((j = fold_child(plus, x, y, producer, n_producer, uses, n_slots, j, &via_a)) >= 0)
+            length++;
+        if (m + length > n_plus) {   /* uses[] undercounts: a '+' in two chains */
+            bad = "fold_chains: a '+' folded twice (uses must count every read)";
+            break;
+        }
+        starts[chains++] = m;
+        j = i;
+        for (int64_t k = length - 1; k > 0; k--) {
+            const int64_t c = fold_child(plus, x, y, producer, n_producer, uses, n_slots, j, &via_a);
+            members[m + k] = j;
+            terms[t + 1 + k] = via_a ? y[j] : x[j];
+            j = c;
+        }
+        members[m] = j;
+        terms[t] = x[j];
+        terms[t + 1] = y[j];
+        m += length;
+        t += length + 1;
+    }
+done:
+    free(extended);
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&v[i]);
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, bad);
+    return PyErr_Occurred() ? NULL : PyLong_FromLongLong((long long)chains);
+}
+
 PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
              "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
              "or None where the Python walk must read the graph.");
@@ -982,6 +1101,7 @@ static PyMethodDef walk_methods[] = {
     {"reads_out_of_order", (PyCFunction)(void (*)(void))reads_out_of_order, METH_FASTCALL, NULL},
     {"loop_periods", (PyCFunction)(void (*)(void))loop_periods, METH_FASTCALL, NULL},
     {"min_index_order", (PyCFunction)(void (*)(void))min_index_order, METH_FASTCALL, NULL},
+    {"fold_chains", (PyCFunction)(void (*)(void))fold_chains, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
