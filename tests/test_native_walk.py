@@ -81,6 +81,18 @@ def test_random_graphs_give_the_python_walks_program(walker, seed):
     assert result['constants'] and result['labels'] and result['k']
 
 
+def test_a_graph_whose_table_of_numbers_is_a_large_allocation(walker):
+    # 100,000 Values: the table outgrows 2 MB, which walk.c allocates apart (on huge pages)
+    rng = random.Random(5)
+    xs, ws = [Value(rng.uniform(-1, 1)) for _ in range(50)], [Value(rng.uniform(-1, 1)) for _ in range(50)]
+    pool = [xs[0]]
+    for i in range(50_000):
+        pool.append(rng.choice(ws) * pool[-1] + rng.choice(pool[-50:]) if i % 7 else pool[-1].tanh() - xs[i % 50])
+    graph = (pool[-1], xs, ws, [pool[len(pool) // 2]])
+    assert raw_walk(walker, graph) is not None
+    assert len(same_either_way(graph)['code']) == 100_000
+
+
 def test_a_chain_deeper_than_the_recursion_limit(walker):
     x, w = Value(0.5), Value(0.25)
     v = x

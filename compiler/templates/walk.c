@@ -51,6 +51,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #define PENDING ((int64_t)1 << 62)          /* on the stack: met as an operand, a cycle */
@@ -91,7 +92,20 @@ table_init(Table *t, size_t capacity)
     size_t n = 1024;
     while (n < 2 * capacity)
         n *= 2;
-    t->entries = calloc(n, sizeof(Entry));
+    t->entries = NULL;
+#ifdef MADV_HUGEPAGE
+    /* A large table on huge pages: its probes land anywhere in it (16
+       bytes an entry, twice the Values: 256 MB for 6.5 million), and with
+       4 KB pages most of them missed the TLB too. 10-30% of the walk. */
+    const size_t bytes = n * sizeof(Entry), huge = (size_t)2 << 20;
+    void *p;
+    if (bytes >= huge && posix_memalign(&p, huge, bytes) == 0) {
+        madvise(p, bytes, MADV_HUGEPAGE);
+        t->entries = memset(p, 0, bytes);
+    }
+#endif
+    if (t->entries == NULL)
+        t->entries = calloc(n, sizeof(Entry));
     t->mask = n - 1;
     t->used = 0;
     return t->entries ? 0 : -1;
