@@ -271,18 +271,24 @@ def _rows(g, folds):
     stop[starts[head]] = len(flat)                # the head does not end the products
     first_other = np.minimum(np.minimum.reduceat(stop, starts), starts + lengths)
     n_products = first_other - starts - head
+    # every row's products at once: their op indices and operands, cut per row below
+    chosen = np.flatnonzero(n_products >= MIN_ROW_PRODUCTS)
+    count = n_products[chosen]
+    at = np.cumsum(count) - count
+    j = g.producer[row_terms[np.repeat(starts[chosen] + head[chosen] - at, count) + np.arange(int(count.sum()))]]
+    ja, jb = g.a[j], g.b[j]
     rows = {}
-    for i in np.flatnonzero(n_products >= MIN_ROW_PRODUCTS).tolist():
-        root = roots[i]
+    for i, o, n, h in zip(chosen.tolist(), at.tolist(), count.tolist(), head[chosen].tolist()):
+        root, k = roots[i], n + h
         terms, members = folds[root]
-        s, h, k = int(starts[i]), int(head[i]), int(n_products[i] + head[i])
         if k < len(terms):
             row_root = int(members[k - 2])
             folds[row_root] = (terms[:k], members[:k - 1])
-            folds[root] = (np.r_[g.out[row_root], terms[k:]], members[k - 1:])
+            rest = np.empty(len(terms) - k + 1, dtype=terms.dtype)
+            rest[0], rest[1:] = g.out[row_root], terms[k:]
+            folds[root] = (rest, members[k - 1:])
             root = row_root
-        j = g.producer[row_terms[s + h:s + k]]
-        rows[root] = (int(row_terms[s]) if h else None, g.a[j], g.b[j], j)
+        rows[root] = (int(row_terms[starts[i]]) if h else None, ja[o:o + n], jb[o:o + n], j[o:o + n])
     return rows
 
 
