@@ -150,9 +150,8 @@ class _Graph:
         self.n, self.cone = len(self.code), program.n_grad_ops
         self.producer = np.full(program.n_slots + 1, -1, dtype=np.int64)   # [-1]: b of a unary op
         self.producer[self.out] = np.arange(self.n)
-        reads = np.concatenate([self.a, self.b[self.b >= 0],
-                                np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)])
-        self.uses = np.bincount(reads, minlength=program.n_slots)
+        self.uses = _count_reads(program.n_slots, self.a, self.b)
+        np.add.at(self.uses, np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64), 1)
         self.flags = needs_grad(program)
         self.needs = np.frombuffer(bytes(self.flags), dtype=np.uint8).astype(bool)
         self.leaves = program.n_leaves
@@ -163,6 +162,17 @@ class _Graph:
         ok = (j >= 0) & (j < self.cone)
         ok[ok] &= self.code[j[ok]] == _TIMES
         return ok & (self.uses[slots] == 1)
+
+
+def _count_reads(n_slots, a, b):
+    """How many times the ops read each slot (``a``; ``b`` where not
+    negative): an int64 array of ``n_slots``. In C for large programs."""
+    native = native_loops(len(a))
+    if native is None:
+        return np.bincount(np.concatenate([a, b[b >= 0]]), minlength=n_slots)
+    uses = np.zeros(n_slots, dtype=np.int64)
+    native.count_reads(uses, *int64_arrays(a, b))
+    return uses
 
 
 # -- 1. flatten ------------------------------------------------------------------

@@ -601,3 +601,25 @@ def test_fold_chains_refuses_arrays_that_are_no_program(walker):
         run(b=b[:1])
     with pytest.raises(ValueError, match='two'):
         run(room=1)
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_count_reads_in_c_gives_numpys_counts(monkeypatch, walker, seed):
+    from compiler.vectorize import _count_reads
+    rng = np.random.default_rng(seed)
+    n_slots, n = int(rng.integers(1, 50)), int(rng.integers(0, 200))
+    a = rng.integers(0, n_slots, n)
+    b = np.where(rng.random(n) < 0.3, -1, rng.integers(0, n_slots, n))     # unary ops read a only
+    in_c, in_python = both_loops(monkeypatch, walker, lambda _: _count_reads(n_slots, a, b).tolist(), None)
+    assert in_c == in_python
+    assert sum(in_c) == n + int((b >= 0).sum())
+
+
+def test_count_reads_refuses_slots_outside_uses(walker):
+    uses = np.zeros(3, dtype=np.int64)
+    with pytest.raises(ValueError, match='inside it'):
+        walker.count_reads(uses, np.array([0, 3], dtype=np.int64), np.array([-1, 1], dtype=np.int64))
+    with pytest.raises(ValueError, match='inside it'):
+        walker.count_reads(uses, np.array([0, 1], dtype=np.int64), np.array([-1, 3], dtype=np.int64))
+    walker.count_reads(uses, np.array([0, 2], dtype=np.int64), np.array([-1, 2], dtype=np.int64))
+    assert uses.tolist() == [1, 0, 2]

@@ -34,6 +34,7 @@
  *     reads_out_of_order(matters, a, b, pos) -> list
  *     loop_periods(...), min_index_order(order, ptr, deps) -> int
  *     fold_chains(plus, a, b, producer, uses, members, terms, starts) -> int
+ *     count_reads(uses, a, b) -> None
  *
  * are loops of the passes over the program's arrays (see below).
  *
@@ -987,6 +988,36 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong((long long)run);
 }
 
+/* count_reads(uses, a, b) -> None: uses[s] += 1 for each operand slot s of
+   each op (a[i], and b[i] unless negative: a unary op's), uses an int64 a
+   slot (``vectorize._Graph``'s use counts, without the concatenated copy
+   of a and b that numpy's bincount needs). */
+static PyObject *
+count_reads(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    Buffers b;
+    if (buffers_of_args(&b, args, nargs, 3, 0, "count_reads(uses, a, b)") < 0)
+        return NULL;
+    int64_t *uses = b.view[0].buf;
+    const int64_t *x = b.view[1].buf, *y = b.view[2].buf;
+    const int64_t n_slots = (int64_t)(b.view[0].len / 8), n_ops = (int64_t)(b.view[1].len / 8);
+    int ok = b.view[0].len % 8 == 0;
+    for (int64_t i = 0; i < n_ops && ok; i++)       /* first: a refusal changes nothing */
+        ok = (uint64_t)x[i] < (uint64_t)n_slots && y[i] < n_slots;
+    for (int64_t i = 0; i < n_ops && ok; i++) {
+        uses[x[i]]++;
+        if (y[i] >= 0)
+            uses[y[i]]++;
+    }
+    buffers_release(&b);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "count_reads: uses must be int64, and every slot inside it");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* The '+' a '+' op i folds (its a's producer when that is a '+' read only
    there, else its b's, else -1; *via_a says which), or -2 for arrays that
    are not a program's (an operand out of range, a producer not before i). */
@@ -1116,6 +1147,7 @@ static PyMethodDef walk_methods[] = {
     {"loop_periods", (PyCFunction)(void (*)(void))loop_periods, METH_FASTCALL, NULL},
     {"min_index_order", (PyCFunction)(void (*)(void))min_index_order, METH_FASTCALL, NULL},
     {"fold_chains", (PyCFunction)(void (*)(void))fold_chains, METH_FASTCALL, NULL},
+    {"count_reads", (PyCFunction)(void (*)(void))count_reads, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
