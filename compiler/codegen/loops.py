@@ -94,21 +94,27 @@ class _Places:
 
     def __init__(self, op, scalar):
         self.op, self.n, self.scalar, self.tables = op, op.n, scalar, []
-        self.loc, self.iterations = scalar.layout.loc, np.arange(op.n)
-        self.where = [[self._place(s, d) for s, d in zip(loop_slots(body), step)]
-                      for body, step in zip(op.body, op.steps)]
+        slots = [loop_slots(body) for body in op.body]
+        flat = np.array([s for body in slots for s in body], dtype=np.int64)
+        steps = np.array([d for step in op.steps for d in step], dtype=np.int64)
+        # every slot's places over the iterations at once (layout.loc: v[x] for x >= 0, else p[-1 - x])
+        loc = scalar.layout.loc[flat[:, None] + steps[:, None] * np.arange(op.n)]
+        row = loc[:, 0] >= 0
+        assert ((loc >= 0) == row[:, None]).all(), "a loop slot moves between the rows and the shared values"
+        at = np.where(row[:, None], loc, -1 - loc)
+        d = at[:, 1] - at[:, 0] if op.n > 1 else np.zeros(len(flat), dtype=np.int64)
+        even = (at == at[:, :1] + d[:, None] * np.arange(op.n)).all(axis=1)
+        places = [self._place('v' if r else 'p', a0, step, ok, k, at)
+                  for k, (r, a0, step, ok) in enumerate(zip(row.tolist(), at[:, 0].tolist(), d.tolist(),
+                                                            even.tolist()))]
+        ends = np.cumsum([len(body) for body in slots]).tolist()
+        self.where = [places[e - len(body):e] for body, e in zip(slots, ends)]
 
-    def _place(self, slot, step):
-        # the iterations' places (layout.loc: v[x] for x >= 0, else p[-1 - x])
-        loc = self.loc[slot + step * self.iterations]
-        row = loc >= 0
-        assert row.all() or not row.any(), "a loop slot moves between the rows and the shared values"
-        array, at = ('v', loc) if row[0] else ('p', -1 - loc)
-        d = int(at[1] - at[0]) if self.n > 1 else 0
-        if (at == at[0] + d * self.iterations).all():
-            return Place(array, int(at[0]), d, '')
+    def _place(self, array, first, step, even, k, at):
+        if even:
+            return Place(array, first, step, '')
         name = f'at{len(self.tables)}'
-        self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at.tolist()))}}};')
+        self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at[k].tolist()))}}};')
         return Place(array, None, 0, f'{array}[{name}[i]]')
 
     def value(self, j, k):
