@@ -438,31 +438,36 @@ def _consistent_weights(layers, program, reasons):
     gradient contributions keep their order. Layers are taken in order (the
     most rows first) while they agree with those taken; the others stay
     scalar, with a ``_Reason``."""
-    where = {}          # weight slot -> the matrix key of the layers taken
-    others = set()      # the inputs and parameter heads of the layers taken
+    p0, p1 = program.param_start, program.param_end
+    # over the parameters (weights are parameters; only weights are looked up):
+    owner = np.full(p1 - p0, -1, dtype=np.int64)   # the matrix of the layers taken, by number
+    other = np.zeros(p1 - p0, dtype=bool)          # an input or parameter head of the layers taken
     head_matrix = {}    # parameter head -> the matrix key of the layers taken
-    kept, taken = [], set()
+    matrices, kept, taken = {}, [], set()
 
-    def is_param(s):
-        return program.param_start <= s < program.param_end
+    def params_of(slots):
+        slots = np.asarray(slots, dtype=np.int64)
+        return slots[(slots >= p0) & (slots < p1)] - p0
     for layer in layers:
         key = layer.weights.tobytes() + str(layer.weights.shape).encode()
+        number = matrices.setdefault(key, len(matrices))
         # (a matrix taken before, at another position: the same slots, checked then)
-        weights = [] if key in taken else layer.weights.ravel().tolist()
-        heads = [h for h in layer.heads if h is not None and is_param(h)]
+        weights = params_of(()) if key in taken else layer.weights.ravel() - p0
+        heads = [h for h in layer.heads if h is not None and p0 <= h < p1]
         why = None
-        for s in weights:
-            if s in where and where[s] != key:
-                why = (f'weight {layer.weight_name(s)} (%{s}) is also a weight of another layer, '
-                       'in another place of its matrix')
-            elif s in others:
-                why = f'weight {layer.weight_name(s)} (%{s}) is also the input or head of another layer'
-            if why:
-                break
-        for what, slots in (('input', layer.vector.tolist()), ('head', heads)):
-            hit = [s for s in slots if s in where]
-            if why is None and hit:
-                why = f'{what} %{hit[0]} is also a weight of another layer'
+        elsewhere = (owner[weights] >= 0) & (owner[weights] != number)
+        clash = elsewhere | other[weights]
+        if clash.any():
+            k = int(np.argmax(clash))
+            s = int(weights[k]) + p0
+            why = (f'weight {layer.weight_name(s)} (%{s}) is also a weight of another layer, '
+                   'in another place of its matrix' if elsewhere[k] else
+                   f'weight {layer.weight_name(s)} (%{s}) is also the input or head of another layer')
+        for what, slots in (('input', layer.vector), ('head', heads)):
+            hit = params_of(slots)
+            hit = hit[owner[hit] >= 0]
+            if why is None and len(hit):
+                why = f'{what} %{int(hit[0]) + p0} is also a weight of another layer'
         for h in heads:
             if why is None and head_matrix.get(h, key) != key:
                 why = f'head %{h} is also the head of a layer of another matrix'
@@ -472,10 +477,9 @@ def _consistent_weights(layers, program, reasons):
             continue
         kept.append(layer)
         taken.add(key)
-        for s in weights:
-            where[s] = key
-        others.update(layer.vector.tolist())
-        others.update(heads)
+        owner[weights] = number
+        other[params_of(layer.vector)] = True
+        other[params_of(heads)] = True
         for h in heads:
             head_matrix[h] = key
     return kept

@@ -418,3 +418,27 @@ def test_rows_that_look_like_a_layer_but_are_none_say_why(case, reason):
     assert not [op for op in program.ops if type(op) is MatVec]
     assert [why.rows for why in program.not_lifted] == [4], program.not_lifted
     assert reason in program.not_lifted[0].reason
+
+
+@pytest.mark.parametrize('case, reason', [
+    ('a weight that is the head of the larger layer', 'weight W[1][1] (%17) is also the input or head of another layer'),
+    ('a head of the larger layer', 'head %15 is also the head of a layer of another matrix'),
+])
+def test_a_second_layer_that_shares_parameters_with_the_first_says_why(case, reason):
+    # layer A (4 x 3, taken first: more rows) feeds layer B (3 x 3); B reads one of A's biases
+    import compiler
+    xs = [Value(0.0) for _ in range(3)]
+    WA = [[Value(0.1 * (r + c + 1)) for c in range(3)] for r in range(4)]
+    bA = [Value(0.5 - 0.25 * r) for r in range(4)]
+    WB = [[Value(-0.1 * (r + c + 1)) for c in range(3)] for r in range(3)]
+    bB = [Value(0.2 + 0.25 * r) for r in range(3)]
+    if case == 'a weight that is the head of the larger layer':
+        WB[1][1] = bA[2]
+    else:
+        bB[0] = bA[0]
+    hs = [sum((w * x for w, x in zip(WA[r], xs)), bA[r]).tanh() for r in range(4)]
+    yb = [sum((w * x for w, x in zip(WB[r], hs[:3])), bB[r]) for r in range(3)]
+    params = list(dict.fromkeys([w for row in WA for w in row] + bA + [w for row in WB for w in row] + bB))
+    program = vectorize(compiler.trace(sum(y.tanh() for y in yb) + hs[3], xs, params))
+    assert [(op.rows, op.cols) for op in program.ops if type(op) is MatVec] == [(4, 3)]
+    assert [(why.rows, why.reason) for why in program.not_lifted] == [(3, reason)]
