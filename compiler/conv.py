@@ -39,7 +39,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import (Conv, MatVec, OP_CODES, Program, ScalarArrays, SlotMap, Sum, moved_labels, needs_grad,
+from compiler.ir import (Conv, MatVec, OP_CODES, Program, SlotMap, Sum, moved_labels, needs_grad,
                          read_slots)
 
 _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
@@ -407,15 +407,7 @@ def _rebuild(g, layers, order):
 
     full = np.r_[order, np.arange(g.cone, g.n)]
     is_scalar = (g.scalar_at[full] >= 0) & ~np.isin(full, list(reps))
-    sj = g.scalar_at[full[is_scalar]]
-    b = arrays.b[sj]
-    k_new = {}
-    if arrays.k:
-        where = np.full(len(arrays.code), -1, dtype=np.int64)
-        where[sj] = np.arange(len(sj))
-        k_new = {int(where[i]): v for i, v in arrays.k.items() if where[i] >= 0}
-    scalar = ScalarArrays(code=arrays.code[sj], out=new[arrays.out[sj]], a=new[arrays.a[sj]],
-                          b=np.where(b >= 0, new[np.maximum(b, 0)], -1), k=k_new)
+    scalar = arrays.taken(g.scalar_at[full[is_scalar]], rename=new)
     lifted = []
     for at in np.flatnonzero(~is_scalar).tolist():
         u = int(full[at])

@@ -21,6 +21,7 @@ Ops:
 """
 import array
 import hashlib
+import itertools
 from dataclasses import dataclass
 
 
@@ -173,6 +174,24 @@ class ScalarArrays:
         for i, v in k.items():
             ops[i].k = v
         return ops
+
+    def taken(self, ops, rename=None):
+        """The arrays of the ops at ``ops`` (indices into these, in that
+        order), each ``**`` with its exponent, and their slots renamed by
+        ``rename`` (an array indexed by slot) when it is given."""
+        import numpy as np
+        ops = np.asarray(ops, dtype=np.int64)
+        k = {}
+        if self.k:
+            where = np.full(len(self.code), -1, dtype=np.int64)
+            where[ops] = np.arange(len(ops))
+            moved = where[np.fromiter(self.k, dtype=np.int64, count=len(self.k))]
+            kept = moved >= 0
+            k = dict(zip(moved[kept].tolist(), itertools.compress(self.k.values(), kept.tolist())))
+        code, out, a, b = self.code[ops], self.out[ops], self.a[ops], self.b[ops]
+        if rename is not None:
+            out, a, b = rename[out], rename[a], np.where(b >= 0, rename[np.maximum(b, 0)], -1)
+        return ScalarArrays(code=code, out=out, a=a, b=b, k=k)
 
     @classmethod
     def from_ops(cls, ops):

@@ -296,13 +296,7 @@ def _rebuild(program, units, loops):
     arrays = units.arrays
     stays = ~absorbed[units.scalar_at]
     where = np.flatnonzero(stays)
-    k_new = {}
-    if arrays.k:
-        index = np.full(len(arrays.code), -1, dtype=np.int64)
-        index[where] = np.arange(len(where))
-        k_new = {int(index[i]): v for i, v in arrays.k.items() if index[i] >= 0}
-    scalar = ScalarArrays(code=arrays.code[where], out=arrays.out[where], a=arrays.a[where],
-                          b=arrays.b[where], k=k_new)
+    scalar = arrays.taken(where)
     lifted = []
     for i in np.flatnonzero(keep & ~np.isin(np.arange(n), units.scalar_at[where])).tolist():
         if i in loop_at:
@@ -360,9 +354,7 @@ def fuse_dots(program):
     slots = np.concatenate([arrays.a, arrays.b[binary], np.fromiter((s for r in reads for s in r), dtype=np.int64)])
     where = np.concatenate([scalar_at, scalar_at[binary],
                             np.repeat(np.array([i for i, _ in lifted], dtype=np.int64), [len(r) for r in reads])])
-    order = np.lexsort((where, slots))
-    slots, where = slots[order], where[order]
-    key = slots * (n + 1) + where                  # readers, by slot then position
+    key = np.sort(slots * (n + 1) + where, kind='stable')   # readers, by slot then position (runs: timsort)
     ends = np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)
     uses = np.bincount(np.r_[slots, ends], minlength=program.n_slots)
     needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
@@ -412,7 +404,7 @@ def fuse_dots(program):
         same = (np.searchsorted(c_sorted, group.reshape(-1) * span + span - 1, 'left')
                 - np.searchsorted(c_sorted, c, 'right'))
         bad = needs[x_e] & (total != same)
-        ok[np.unique(fold_e[bad])] = False
+        ok[fold_e[bad]] = False
     fused, absorbed = {}, []
     for f in np.flatnonzero(ok).tolist():
         i, op = folds[f]
@@ -426,11 +418,7 @@ def fuse_dots(program):
     keep = np.ones(n, dtype=bool)
     keep[scalar_at[gone]] = False
     new_position = np.cumsum(keep) - 1
-    stay = np.flatnonzero(~gone)
-    index = np.full(n_scalar, -1, dtype=np.int64)
-    index[stay] = np.arange(len(stay))
-    scalar = ScalarArrays(code=arrays.code[stay], out=arrays.out[stay], a=arrays.a[stay], b=arrays.b[stay],
-                          k={int(index[i]): v for i, v in arrays.k.items() if index[i] >= 0})
+    scalar = arrays.taken(np.flatnonzero(~gone))
     new_lifted = tuple((int(new_position[i]), fused.get(i, op)) for i, op in lifted)
     out = Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,
                   constants=program.constants, arrays=scalar, lifted=new_lifted,

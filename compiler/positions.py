@@ -246,10 +246,7 @@ class _Sequence:
         scalar_index = np.full(self.n_ops, -1, dtype=np.int64)
         scalar_index[self.scalar_at] = np.arange(len(self.scalar_at))
         perm = scalar_index[order[~is_lifted[order]]]
-        where = np.full(len(perm), -1, dtype=np.int64)
-        where[perm] = np.arange(len(perm))
-        arrays = ScalarArrays(code=a.code[perm], out=a.out[perm], a=a.a[perm], b=a.b[perm],
-                              k={int(where[i]): v for i, v in a.k.items()})
+        arrays = a.taken(perm)
         lifted = tuple((n, matmat.get(i) or self.lifted_op[i])
                        for n, i in zip(np.flatnonzero(is_lifted[order]).tolist(), order[is_lifted[order]].tolist()))
         out = Program(n_slots=program.n_slots, n_inputs=program.n_inputs, n_params=program.n_params,

@@ -701,15 +701,7 @@ def _renumber(program, g, schedule, rep_of, lifted, layers):
 
     # the ops: scalar ones as arrays, lifted ones beside them
     scalar_ops = np.r_[schedule[~is_lifted], np.arange(g.cone, g.n)]
-    arrays = g.arrays
-    b = arrays.b[scalar_ops]
-    k_new = {}
-    if arrays.k:
-        where = np.full(g.n, -1, dtype=np.int64)
-        where[scalar_ops] = np.arange(len(scalar_ops))
-        k_new = {int(where[i]): v for i, v in arrays.k.items() if where[i] >= 0}
-    scalar = ScalarArrays(code=arrays.code[scalar_ops], out=new[arrays.out[scalar_ops]],
-                          a=new[arrays.a[scalar_ops]], b=np.where(b >= 0, new[b], -1), k=k_new)
+    scalar = g.arrays.taken(scalar_ops, rename=new)
     lifted_ops = []
     for i in np.flatnonzero(is_lifted).tolist():
         op = lifted[int(schedule[i])]

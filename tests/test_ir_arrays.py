@@ -142,6 +142,28 @@ def test_ops_are_built_only_when_read_and_round_trip():
     assert again.k == program.arrays.k
 
 
+
+@pytest.mark.parametrize('seed', range(4))
+def test_taken_ops_keep_their_exponents_and_renamed_slots(seed):
+    """``ScalarArrays.taken``: a shuffled subset of the ops, each ``**``
+    with its own exponent, slots renamed, against the ``Op`` objects."""
+    program = trace_graph(*random_graph(seed))[0]
+    arrays, ops = program.arrays, program.ops
+    assert arrays.k, 'the graph has ** ops'
+    rng = np.random.default_rng(seed)
+    picked = rng.permutation(len(ops))[:len(ops) // 2]
+    rename = rng.permutation(program.n_slots)
+    for names in (None, rename):
+        got = arrays.taken(picked, rename=names)
+        want = [ops[i] for i in picked.tolist()]
+        to = (lambda s: s) if names is None else (lambda s: int(names[s]))
+        assert got.out.tolist() == [to(op.out) for op in want]
+        assert got.a.tolist() == [to(op.args[0]) for op in want]
+        assert got.b.tolist() == [to(op.args[1]) if len(op.args) == 2 else -1 for op in want]
+        assert [OP_NAMES[c] for c in got.code.tolist()] == [op.name for op in want]
+        assert got.k == {j: op.k for j, op in enumerate(want) if op.k is not None}
+        assert any(op.k is not None for op in want)
+
 def sequence(n_positions, seed=0):
     """A toy sequence: each position's loss reads the earlier positions' states."""
     rng = random.Random(seed)
