@@ -3,13 +3,14 @@
 The loop kernels are built once per instruction set
 (``templates/kernels_body.c``), and a module picks one when it loads
 (``templates/kernels_choose.c``): the widest this CPU runs, no wider than
-``$MICROGRAD_KERNELS`` asks. A module built and cached here needs that set
-and the baseline (every x86-64 runs it, and ``$MICROGRAD_KERNELS=base`` asks
-for it), not the sets this CPU never picks: the AVX2 loops cost an AVX-512
-machine a quarter of the kernels' compile (clang -O2, AMD EPYC Zen 4: 0.97 s
-for every set, 0.75 s without AVX2's), the first compile on a cold cache.
-Where the CPU's flags cannot be read, every set is built, as an exported
-``nn.c`` has them.
+``$MICROGRAD_KERNELS`` asks. A module built and cached here needs that one
+set, not the sets this CPU never picks: its cache key names the set, so a
+process whose ``$MICROGRAD_KERNELS`` asks for another builds a module of
+its own (a module file loaded there directly refuses to load). The
+kernels' unit is most of the first compile on a cold cache (clang -O2, AMD
+EPYC Zen 4: 0.97 s with every set, 0.71 s without AVX2's, 0.49 s with
+AVX-512's alone). Where the CPU's flags cannot be read, every set is built,
+the baseline too, as an exported ``nn.c`` has them.
 """
 import functools
 import os
@@ -17,24 +18,26 @@ import platform
 
 from compiler.constants import KERNELS
 
-# The vector sets of the loops, widest first (the baseline is always built).
+# The vector sets of the loops, widest first; then every set, the baseline last.
 VECTOR_SETS = tuple(reversed(KERNELS[1:]))
+ALL_SETS = VECTOR_SETS + (KERNELS[0],)
 # The CPU flags (Linux's /proc/cpuinfo names) each vector set needs: the
 # same tests as the C's vector_level() (templates/contract.h)
 _NEEDS = {'avx512': {'avx512f', 'avx512vl', 'avx512bw', 'avx512dq'}, 'avx2': {'avx2'}}
 
 
 def kernel_sets(request=None):
-    """The vector sets (of ``VECTOR_SETS``) a module built for this machine
-    carries: the widest the CPU has, capped by ``request`` (a value of
-    ``$MICROGRAD_KERNELS``; None: read it); all of them where the CPU's
-    flags are unknown or the request is no set's name (loading refuses it)."""
+    """The instruction sets (of ``ALL_SETS``) a module built for this
+    machine carries: the widest vector set the CPU has, capped by
+    ``request`` (a value of ``$MICROGRAD_KERNELS``; None: read it), or the
+    baseline where none is left; all of them where the CPU's flags are
+    unknown or the request is no set's name (loading refuses it)."""
     if request is None:
         request = os.environ.get('MICROGRAD_KERNELS', '')
     flags = cpu_flags()
     if flags is None or request not in ('', *KERNELS):
-        return VECTOR_SETS
-    return sets_for(flags, request)
+        return ALL_SETS
+    return sets_for(flags, request) or (KERNELS[0],)
 
 
 def sets_for(flags, request=''):

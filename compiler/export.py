@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from compiler.build import (OPT_LEVELS, BuildError, Build, BuildRequest, build_extension, default_flags,
                             elf_problem, find_compiler, program_hash)
 from compiler.codegen import GENERATOR_VERSION, emit_header, emit_module
-from compiler.cpu import VECTOR_SETS
+from compiler.cpu import ALL_SETS
 from compiler.files import atomic_write, sha256_file
 from compiler.load import ChangedFile, load_module
 
@@ -55,9 +55,9 @@ def export(model, folder):
     if model.program is None:
         raise ExportError("export(): this model was itself loaded from an export; copy that folder instead")
     params = model.params()
-    # every vector set, as in nn.c: the folder may be loaded on another CPU
+    # every instruction set, as in nn.c: the folder may be loaded on another CPU
     source = emit_module(model.program, optimizer=model.optimizer, initial_params=params.tolist(),
-                         kernel_sets=VECTOR_SETS)
+                         kernel_sets=ALL_SETS)
     build = build_extension(source, model.build.toolchain, model.build.flags,
                             straight_flags=model.build.straight_flags,
                             straight_toolchain=model.build.straight_toolchain)

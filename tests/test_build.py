@@ -26,6 +26,7 @@ from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFou
                             default_flags, find_compiler)
 from compiler.build import run as build_run
 from compiler.codegen import Source, kernels_unit
+from compiler.constants import KERNELS
 from compiler.load import load_module
 from micrograd import Value
 from micrograd.nn import MLP
@@ -487,7 +488,7 @@ def test_a_small_graph_builds_nothing_ahead_and_nothing_is_built_ahead_without_a
     assert build.build_unit_ahead(request, name, text) is None
 
 
-def test_a_machine_builds_the_widest_vector_set_its_cpu_has_and_the_baseline():
+def test_a_machine_builds_the_widest_vector_set_its_cpu_has_or_the_baseline():
     avx512 = frozenset({'avx512f', 'avx512vl', 'avx512bw', 'avx512dq', 'avx2', 'sse2'})
     assert cpu.sets_for(avx512) == ('avx512',)
     assert cpu.sets_for(avx512 - {'avx512dq'}) == ('avx2',)     # all four, as vector_level() asks
@@ -495,16 +496,55 @@ def test_a_machine_builds_the_widest_vector_set_its_cpu_has_and_the_baseline():
     assert cpu.sets_for(avx512, 'avx2') == ('avx2',)            # $MICROGRAD_KERNELS caps it
     assert cpu.sets_for(avx512, 'base') == ()
     assert cpu.sets_for(frozenset({'avx2'}), 'avx512') == ('avx2',)
-    assert cpu.kernel_sets('no such set') == cpu.VECTOR_SETS    # loading refuses it, with its message
-    for sets in [(), ('avx2',), cpu.VECTOR_SETS]:
+    assert cpu.kernel_sets('no such set') == cpu.ALL_SETS       # loading refuses it, with its message
+    assert cpu.kernel_sets('base') == ('base',)
+    assert len(cpu.kernel_sets('')) == 1 or cpu.cpu_flags() is None
+    for sets in [('base',), ('avx2',), ('avx512', 'base'), cpu.ALL_SETS]:
         text = kernels_unit(sets)[1]
-        assert [s for s in cpu.VECTOR_SETS if f'#define MV_HAS_{s.upper()} 1' in text] == list(sets)
+        assert [s for s in cpu.VECTOR_SETS if f'#define MV_HAS_{s.upper()} 1' in text] == \
+            [s for s in sets if s != 'base']
+        # the baseline: built where asked, and where the vector sets are not (not x86-64)
         assert text.count('#define MV_ISA base') == 1
+        assert ('#else\n#define MV_ISA base' in text) == ('base' not in sets)
 
 
 @pytest.mark.skipif(not [cc for cc in COMPILERS if cc != 'tcc'], reason='needs gcc or clang: tcc builds '
                     'only the plain loops')
-@pytest.mark.skipif(not cpu.kernel_sets(''), reason='this CPU has no vector set beyond the baseline')
+@pytest.mark.skipif(cpu.kernel_sets('') == ('base',), reason='this CPU has no vector set beyond the baseline')
+def test_a_module_built_without_the_baseline_refuses_to_load_where_narrower_loops_are_asked_for(tmp_path):
+    """A module built for this machine carries its CPU's widest vector set
+    alone. Loaded in a process that asks for narrower loops, it says so and
+    what to do (it has no loops to run there); where its set is allowed it
+    loads and runs."""
+    cc = next(cc for cc in COMPILERS if cc != 'tcc')
+    model = MLP(20, [16, 4], seed=0)
+    x = [Value(0.25 * i) for i in range(20)]
+    loss = sum(model(x))
+    m = compiler.compile(loss, x, model.parameters(), cc=cc)
+    assert m.module.kernels == cpu.kernel_sets('')[0]
+    script = (f'from compiler.load import load_module\nm = load_module({str(m.build.path)!r})\n'
+              f'm.set_input([0.25 * i for i in range(20)])\nprint(m.kernels, m.forward())\n')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    narrower = KERNELS[:KERNELS.index(m.module.kernels)]
+    for want in ('', m.module.kernels, *narrower):
+        env = dict(os.environ, PYTHONPATH=root, MICROGRAD_KERNELS=want)
+        done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env,
+                              timeout=120)
+        if want in narrower:
+            assert done.returncode != 0
+            assert done.stderr.strip().splitlines()[-1] == (
+                "ValueError: this module's loops were built for wider instruction sets than this CPU or "
+                "$MICROGRAD_KERNELS allows: compile the model again where and as it runs (compiler.compile() "
+                "builds the loops it picks)")
+        else:
+            assert done.returncode == 0, done.stderr
+            isa, loss_there = done.stdout.split()
+            assert isa == m.module.kernels and math.isfinite(float(loss_there))
+
+
+@pytest.mark.skipif(not [cc for cc in COMPILERS if cc != 'tcc'], reason='needs gcc or clang: tcc builds '
+                    'only the plain loops')
+@pytest.mark.skipif(cpu.kernel_sets('') == ('base',), reason='this CPU has no vector set beyond the baseline')
 def test_a_module_built_with_fewer_vector_sets_is_not_reused_where_more_are_wanted(fresh_cache, monkeypatch):
     """The kernels' unit of a build carries only the sets this machine picks
     ($MICROGRAD_KERNELS caps them): the cached module is keyed by them, so a

@@ -76,32 +76,34 @@ class Source(str):
         return source
 
 
-def _kernels(sets=cpu.VECTOR_SETS):
-    """The loop kernels' code: what they share, then the loops of the
-    baseline and of each vector set of ``sets`` (of ``VECTOR_SETS``; the
-    x86-64 ones: tcc builds plain loops only), and the choice of one at load
-    time (the widest of them the CPU runs; ``MV_HAS_<SET>`` says which were
+def _kernels(sets=cpu.ALL_SETS):
+    """The loop kernels' code: what they share, then the loops of each
+    instruction set of ``sets`` (of ``ALL_SETS``; the vector sets are
+    x86-64's, tcc builds plain loops only, and the baseline is built
+    wherever the vector sets are not), and the choice of one at load time
+    (the widest of them the CPU runs; ``MV_HAS_<SET>`` says which were
     built). The same for every program: built as a unit of its own, after a
     prologue of the fixed numbers only, its object is cached once for all
     programs."""
     body = read_template('kernels_body.c')
 
-    def built_for(isa, level):
-        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body,
-                          '#undef MV_LEVEL', '#undef MV_ISA'])
-    vector = [f'{built_for(isa, KERNELS.index(isa))}\n#define MV_HAS_{isa.upper()} 1' for isa in cpu.VECTOR_SETS
-              if isa in sets]
+    def built_for(isa):
+        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {KERNELS.index(isa) if isa in KERNELS else -1}',
+                          body, '#undef MV_LEVEL', '#undef MV_ISA']
+                         + ([f'#define MV_HAS_{isa.upper()} 1'] if isa in KERNELS else []))
+    vector = [built_for(isa) for isa in cpu.VECTOR_SETS if isa in sets]
+    base = built_for(KERNELS[0])
     return '\n'.join([read_template('kernels.c'),
                       '#if defined(__TINYC__) || !(defined(__GNUC__) || defined(__clang__))',
-                      built_for('plain', -1),
-                      '#else', '#if defined(__x86_64__)', *vector, '#endif',
-                      built_for('base', KERNELS.index('base')),
+                      built_for('plain'),
+                      '#else', '#if defined(__x86_64__)', *vector,
+                      *(['#endif', base] if KERNELS[0] in sets else ['#else', base, '#endif']),
                       '#endif', read_template('kernels_choose.c')])
 
 
 def kernels_unit(sets=None):
-    """The loop kernels' translation unit, ``(name, text)``, with the vector
-    sets ``sets`` (default: those this machine's modules pick,
+    """The loop kernels' translation unit, ``(name, text)``, with the
+    instruction sets ``sets`` (default: those this machine's modules pick,
     ``compiler.cpu.kernel_sets``): it sees only the fixed numbers, so its
     object is one for every program (and can be built before the program is
     known: ``compiler.build.ahead``)."""
@@ -220,8 +222,9 @@ def emit_module(program, optimizer=None, initial_params=None, kernel_sets=None):
     ``step`` and ``train_batch`` (``program.input_grads`` makes ``backward``
     also produce d loss / d input); ``initial_params`` (in the user's order) are
     the parameters a fresh import of the module starts from (an export).
-    ``kernel_sets``: the vector sets of the loop kernels' unit (default: this
-    machine's, ``compiler.cpu.kernel_sets``); the one file has them all."""
+    ``kernel_sets``: the instruction sets of the loop kernels' unit (of
+    ``compiler.cpu.ALL_SETS``; default: this machine's,
+    ``compiler.cpu.kernel_sets``); the one file has them all."""
     prog = _Program(program)
     body, numbers = prog.emit()
     layout = prog.layout

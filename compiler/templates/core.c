@@ -70,6 +70,11 @@ nn_init(void *state)
     pool_init(&st->pool);
     if (kernels_request() < 0)
         return NN_EKERNELS;
+#ifdef HAVE_MATVEC
+    const MatVecKernels *kernels = mv_choose_kernels();
+    if (kernels == NULL)
+        return NN_ENARROWER;
+#endif
     st->p = (double *)alloc_aligned(N_SHARED, sizeof(double), &st->raw[0]);
     st->gp = (double *)alloc_aligned(N_PARAM_SPAN, sizeof(double), &st->raw[1]);
     st->aux = (double *)alloc_aligned(N_AUX, sizeof(double), &st->raw[2]);
@@ -84,7 +89,7 @@ nn_init(void *state)
         return NN_ENOMEM;
     }
 #ifdef HAVE_MATVEC
-    st->kernels = mv_choose_kernels();
+    st->kernels = kernels;
 #endif
 #ifdef HAVE_VECTOR_LEVEL
     st->vector_level = vector_level();

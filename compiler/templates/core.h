@@ -16,13 +16,15 @@
 #define NN_ENOMEM (-1)          /* out of memory */
 #define NN_EKERNELS (-2)        /* $MICROGRAD_KERNELS names no instruction set */
 #define NN_ENONFINITE (-3)      /* an inf or NaN among the numbers given */
+#define NN_ENARROWER (-4)       /* the loops were built for wider instruction sets than
+                                   this CPU or $MICROGRAD_KERNELS allows */
 
 /* A state is nn_state_size() bytes the caller owns (memory aligned for a
  * pointer, e.g. from malloc); nn_init fills it, nn_release frees what nn_init
  * allocated. */
 NN_API size_t nn_state_size(void);
 /* Allocate a state's arrays: the constants, the exported weights (if any),
- * zero gradients, one thread. NN_OK, NN_ENOMEM or NN_EKERNELS. */
+ * zero gradients, one thread. NN_OK, NN_ENOMEM, NN_EKERNELS or NN_ENARROWER. */
 NN_API int nn_init(void *state);
 NN_API void nn_release(void *state);                              /* what nn_init allocated */
 NN_API void nn_set_input(void *state, const double *x);           /* N_INPUTS values */

@@ -11,9 +11,10 @@ static const MatVecKernels *mv_packer;
 #endif
 
 /* The loops this CPU runs best (vector_level(): $MICROGRAD_KERNELS may ask
- * for fewer) of the sets this unit was built with (MV_HAS_AVX512, MV_HAS_AVX2:
- * a build for one machine leaves out the sets its CPU never picks; the
- * baseline is always there): every set gives the same bits. */
+ * for fewer) of the sets this unit was built with (MV_HAS_AVX512, MV_HAS_AVX2,
+ * MV_HAS_BASE: a build for one machine has only the set its CPU picks), or
+ * NULL when they are all wider than that (nn_init refuses the module): every
+ * set gives the same bits. */
 HIDDEN const MatVecKernels *
 mv_choose_kernels(void)
 {
@@ -35,7 +36,11 @@ mv_choose_kernels(void)
 #endif
         /* fall through */
     default:
+#ifdef MV_HAS_BASE
         k = &kernels_base;
+#else
+        k = NULL;
+#endif
     }
 #else
     k = &kernels_base;

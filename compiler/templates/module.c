@@ -476,6 +476,12 @@ nn_exec(PyObject *module)
                      NN_KERNELS_ALLOWED, getenv("MICROGRAD_KERNELS"));
         return -1;
     }
+    if (status == NN_ENARROWER) {
+        PyErr_SetString(PyExc_ValueError, "this module's loops were built for wider instruction sets than "
+                        "this CPU or $MICROGRAD_KERNELS allows: compile the model again where and as it runs "
+                        "(compiler.compile() builds the loops it picks)");
+        return -1;
+    }
     if (status != NN_OK) {
         PyErr_NoMemory();
         return -1;
