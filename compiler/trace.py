@@ -153,22 +153,24 @@ class _Walked:
     slots: dict = None
 
     def arrays(self, n_leaves):
-        """The ops as ``ScalarArrays`` over final slots."""
+        """The ops as ``ScalarArrays`` over final slots (``a`` and ``b``
+        become them: read this once)."""
         n = len(self.code)
         return ScalarArrays(code=self.code, out=np.arange(n_leaves, n_leaves + n, dtype=np.int64),
                             a=_final_slots(self.a, n_leaves), b=_final_slots(self.b, n_leaves), k=self.k)
 
 
 def _final_slots(provisional, n_leaves):
-    """``_slot_fixer`` over an array, ``_NO_OPERAND`` to -1: one new array
-    (and masks an eighth its size). Each temporary of an op's size is
-    fresh memory the kernel zeroes page by page (52 MB at microgpt 64/4/4):
-    the ``np.where`` form took 0.66 s there, this 0.39 s (0.10 s with
+    """``_slot_fixer`` over an array, ``_NO_OPERAND`` to -1, in place (with
+    masks an eighth its size). Each temporary of an op's size is fresh
+    memory the kernel zeroes page by page (52 MB at microgpt 64/4/4): the
+    ``np.where`` form took 0.66 s there, a new array 0.39 s (0.10 s with
     ``compiler.pages.small_pages``, as ``compile()`` runs it)."""
-    final = provisional + n_leaves
-    np.subtract(-1, provisional, out=final, where=provisional < 0)
-    np.putmask(final, provisional == _NO_OPERAND, -1)
-    return final
+    leaf, none = provisional < 0, provisional == _NO_OPERAND
+    np.add(provisional, n_leaves, out=provisional, where=~leaf)
+    np.subtract(-1, provisional, out=provisional, where=leaf)
+    np.putmask(provisional, none, -1)
+    return provisional
 
 
 class _Walker:
@@ -214,8 +216,9 @@ def _walk_graph(declared, loss, outputs, prefix, native, want_slots, walker):
             Value, Constant, declared, loss, outputs, OP_CODES, _ARITY, POW,
             [loss, *outputs, *prefix], bool(want_slots))
         if found is not None:
+            # (code, a and b: bytearrays, read in place, writable)
             code, a, b, k, constants, constant_values, n_cone, looked_up, labels, slots = found
-            return _Walked(np.frombuffer(code, dtype=np.int8).copy(), np.frombuffer(a, dtype=np.int64),
+            return _Walked(np.frombuffer(code, dtype=np.int8), np.frombuffer(a, dtype=np.int64),
                            np.frombuffer(b, dtype=np.int64), k, np.frombuffer(constants).tolist(),
                            constant_values, n_cone, np.frombuffer(looked_up, dtype=np.int64).tolist(),
                            labels, slots)

@@ -93,6 +93,17 @@ def test_a_graph_whose_table_of_numbers_is_a_large_allocation(walker):
     assert len(same_either_way(graph)['code']) == 100_000
 
 
+
+def test_the_op_arrays_come_as_bytearrays_of_their_exact_size(walker):
+    """code, a and b are handed over in the bytearrays the walk filled (no
+    copy; numpy reads them in place, writable), sized to the ops walked."""
+    graph = shared_graph(3)
+    code, a, b = raw_walk(walker, graph)[:3]
+    n = len(same_either_way(graph)['code'])
+    assert [type(x) for x in (code, a, b)] == [bytearray] * 3
+    assert (len(code), len(a), len(b)) == (n, 8 * n, 8 * n)
+    assert np.frombuffer(a, dtype=np.int64).flags.writeable
+
 def test_a_chain_deeper_than_the_recursion_limit(walker):
     x, w = Value(0.5), Value(0.25)
     v = x

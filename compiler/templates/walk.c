@@ -144,27 +144,77 @@ table_add(Table *t, PyObject *key, int64_t number)
 
 /* -- growable arrays ------------------------------------------------------ */
 
+/* In malloc'd memory, or (``owner``) in a bytearray that is handed to
+   Python as it is: numpy then reads the walk's op arrays in place, and no
+   copy of them is made (each would be fresh memory the kernel zeroes page
+   by page, 52 MB an array at microgpt 64/4/4). */
 typedef struct {
     char *data;
     size_t size, capacity;     /* in bytes */
+    PyObject *owner;           /* the bytearray holding data, or NULL */
 } Buffer;
 
 static int
-buffer_push(Buffer *b, const void *item, size_t n)
+buffer_grow(Buffer *b, size_t need)
 {
-    if (b->size + n > b->capacity) {
-        size_t capacity = b->capacity ? 2 * b->capacity : 4096;
-        while (capacity < b->size + n)
-            capacity *= 2;
+    size_t capacity = b->capacity ? 2 * b->capacity : 4096;
+    while (capacity < need)
+        capacity *= 2;
+    if (b->owner != NULL) {
+        if (PyByteArray_Resize(b->owner, (Py_ssize_t)capacity) < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        b->data = PyByteArray_AS_STRING(b->owner);
+    } else {
         char *data = realloc(b->data, capacity);
         if (data == NULL)
             return -1;
         b->data = data;
-        b->capacity = capacity;
     }
+    b->capacity = capacity;
+    return 0;
+}
+
+static int
+buffer_push(Buffer *b, const void *item, size_t n)
+{
+    if (b->size + n > b->capacity && buffer_grow(b, b->size + n) < 0)
+        return -1;
     memcpy(b->data + b->size, item, n);
     b->size += n;
     return 0;
+}
+
+/* A buffer whose items go to Python in a bytearray; -1: no memory. */
+static int
+buffer_for_python(Buffer *b)
+{
+    b->owner = PyByteArray_FromStringAndSize(NULL, 0);
+    return b->owner != NULL ? 0 : -1;
+}
+
+/* The bytearray of ``b``'s items (a new reference; ``b`` is left empty),
+   or NULL with an exception set. */
+static PyObject *
+buffer_take(Buffer *b)
+{
+    PyObject *owner = b->owner;
+    if (PyByteArray_Resize(owner, (Py_ssize_t)b->size) < 0)
+        return NULL;
+    b->owner = NULL;
+    b->data = NULL;
+    b->size = b->capacity = 0;
+    return owner;
+}
+
+static void
+buffer_free(Buffer *b)
+{
+    if (b->owner != NULL)
+        Py_DECREF(b->owner);
+    else
+        free(b->data);
 }
 
 #define PUSH(buffer, type, value) do { type item_ = (value); \
@@ -454,9 +504,16 @@ results(Walk *w, Py_ssize_t n_cone, PyObject *lookup, int want_slots)
         }
         Py_DECREF(n);
     }
-    out = Py_BuildValue("(NNNONOnNOO)", bytes_of(&w->code), bytes_of(&w->a), bytes_of(&w->b), w->k,
-                        bytes_of(&w->constants), w->constant_values, n_cone, looked_up, labels, slots);
-    looked_up = NULL;
+    PyObject *code = buffer_take(&w->code), *a = buffer_take(&w->a), *b = buffer_take(&w->b);
+    if (code != NULL && a != NULL && b != NULL) {
+        out = Py_BuildValue("(NNNONOnNOO)", code, a, b, w->k, bytes_of(&w->constants), w->constant_values,
+                            n_cone, looked_up, labels, slots);
+        looked_up = NULL;
+    } else {
+        Py_XDECREF(code);
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+    }
 done:
     free(numbers.data);
     Py_XDECREF(looked_up);
@@ -504,7 +561,8 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Status s = -1;
     w.k = PyDict_New();
     w.constant_values = PyList_New(0);
-    if (w.k == NULL || w.constant_values == NULL
+    if (w.k == NULL || w.constant_values == NULL || buffer_for_python(&w.code) < 0
+            || buffer_for_python(&w.a) < 0 || buffer_for_python(&w.b) < 0
             || table_init(&w.seen, 2 * (size_t)PyList_GET_SIZE(declared) + 4096) < 0)
         goto done;
     w.n_declared = PyList_GET_SIZE(declared);
@@ -538,9 +596,9 @@ done:
     for (size_t i = 0; i < w.labels.size / sizeof(Label); i++)
         Py_DECREF(((Label *)w.labels.data)[i].label);
     free(w.labels.data);
-    free(w.code.data);
-    free(w.a.data);
-    free(w.b.data);
+    buffer_free(&w.code);
+    buffer_free(&w.a);
+    buffer_free(&w.b);
     free(w.constants.data);
     free(w.frames.data);
     Py_XDECREF(w.k);
