@@ -48,6 +48,13 @@ def native_walker():
         return _module
 
 
+def loaded_walker():
+    """The C walk module if this process has loaded it already, else None
+    (this builds and loads nothing): a graph of any size is then walked in
+    C at once, without the Python walk's first ``NATIVE_MIN_OPS`` Values."""
+    return _module if native_enabled() else None
+
+
 def native_loops(n_ops):
     """The C module for the loops of ``compiler.ir``'s analyses over a
     program of ``n_ops`` ops: for programs as large as the C walk reads

@@ -145,6 +145,7 @@ def test_the_default_walks_large_graphs_in_c(monkeypatch, walker):
         def leaves_ok(self, *args):
             return walker.leaves_ok(*args)
     monkeypatch.setattr(walk, 'native_walker', lambda: Spy())
+    monkeypatch.setattr(walk, 'loaded_walker', lambda: None)     # a process that has not loaded it yet
     graph = shared_graph(1, n_ops=300)
     small = outcome(graph, None)
     assert calls == []
@@ -154,6 +155,28 @@ def test_the_default_walks_large_graphs_in_c(monkeypatch, walker):
     monkeypatch.setenv('MICROGRAD_NATIVE_WALK', '0')
     assert outcome(graph, None) == small and outcome(graph, True) == small
     assert calls == [10]
+
+
+def test_once_the_c_walk_is_loaded_it_walks_small_graphs_too(monkeypatch, walker):
+    """With the C walk loaded in this process, the default walks a small
+    graph in C at once (no Python walk of its first Values, no build, and
+    ``on_large`` is not told): the same program."""
+    calls = []
+
+    class Spy:
+        def walk(self, *args):
+            calls.append(len(args))
+            return walker.walk(*args)
+    assert walk.loaded_walker() is walker
+    graph = shared_graph(2, n_ops=300)
+    small = outcome(graph, False)
+    monkeypatch.setattr(walk, 'native_walker', lambda: pytest.fail('nothing is built or loaded'))
+    monkeypatch.setattr(walk, 'loaded_walker', lambda: Spy())
+    assert outcome(graph, None) == small
+    assert calls == [10]
+    told = []
+    trace_graph(*graph, on_large=lambda: told.append(1))
+    assert calls == [10, 10] and told == []
 
 
 def fresh():
