@@ -53,6 +53,37 @@ def test_each_real_compiler_is_identified_by_its_macros(cc):
     assert tc.version.strip()
 
 
+
+def test_an_identity_found_is_kept_in_the_cache_until_the_program_changes(monkeypatch, fresh_cache, tmp_path):
+    """A later process reads a compiler's identity from the cache folder
+    instead of running its probes; a program replaced or touched, a kept
+    file that does not fit, or no cache folder: probed again."""
+    from compiler.build import toolchain
+    cc = os.path.realpath(fake_cc(str(tmp_path), 'mycc', 'exit 1'))
+    probes = []
+    real_run = subprocess.run
+
+    def counted(cmd, *args, **kwargs):
+        probes.append(cmd[0])
+        return real_run(cmd, *args, **kwargs)
+    monkeypatch.setattr(toolchain.subprocess, 'run', counted)
+    identify = toolchain._identify.__wrapped__          # a new process: nothing in memory
+    first = identify(cc)
+    assert first.family == 'gcc' and first.version == 'gcc (Fake) 12.2.0' and len(probes) == 2
+    kept = os.listdir(os.path.join(fresh_cache, 'toolchains'))
+    assert len(kept) == 1
+    assert identify(cc) == first and len(probes) == 2                 # read back, no probe
+    os.utime(cc, ns=(1, 1))                                          # touched
+    assert identify(cc) == first and len(probes) == 4
+    assert identify(cc) == first and len(probes) == 4
+    with open(os.path.join(fresh_cache, 'toolchains', kept[0]), 'w') as f:
+        f.write('{"path": 1')                                          # cut short
+    assert identify(cc) == first and len(probes) == 6
+    assert identify(cc) == first and len(probes) == 6
+    monkeypatch.setenv('MICROGRAD_CACHE', '0')
+    assert identify(cc) == first and len(probes) == 8
+    assert identify(cc) == first and len(probes) == 10
+
 @pytest.mark.skipif(not shutil.which('gcc'), reason='needs gcc')
 def test_cc_with_flags_works_as_make_allows(monkeypatch, fresh_cache, tmp_path):
     monkeypatch.setenv('CC', 'gcc -std=c99')

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from compiler.build import cache
+from compiler.build import cache, toolchain
 from compiler.build import CacheError, build_extension, cache_max, default_flags, find_compiler
 from compiler.build.cache import cache_entries, evict, parse_size
 
@@ -128,6 +128,8 @@ def main(capsys, *args):
 @needs_cc
 def test_the_cache_command_shows_and_clears_the_cache(fresh_cache, monkeypatch, capsys):
     tc = find_compiler(FAST_CC)
+    toolchain._identify.__wrapped__(tc.path, tc.args)     # its identity kept here, which --clear removes too
+    assert os.listdir(os.path.join(fresh_cache, cache.IDENTITIES))
     built = [build_extension(source_of(g), tc, default_flags(tc)) for g in (graph_a, graph_b)]
     with open(os.path.join(fresh_cache, 'c' * 32 + '.c'), 'w') as f:      # a failed build's source
         f.write('int broken(void) { return }\n')

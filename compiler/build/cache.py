@@ -26,22 +26,27 @@ build. Each use of an entry marks it (its mtime). A build first sweeps the
 temporaries of dead builds, and afterwards removes least recently used
 entries (failed builds' sources first, never the one just built) until the
 folder's entries total at most ``$MICROGRAD_CACHE_MAX`` (``500M``, ``2G``...;
-default 1 GiB). Anything else in the folder (``mnist/`` downloads) is not an
-entry and is never touched here. ``python -m compiler cache --info``/
+default 1 GiB). ``toolchains/`` keeps the compilers' identities, each with
+its program's ``stat`` (``compiler.build.toolchain`` probes a compiler again
+once it changed), and ``--clear`` empties it too. Anything else in the
+folder (``mnist/`` downloads) is not an entry and is never touched here. ``python -m compiler cache --info``/
 ``--clear`` show and empty it.
 """
 import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
+import shutil
 import stat
 import sysconfig
 import threading
 import warnings
 from dataclasses import dataclass
 
+from compiler.build import toolchain
 from compiler.build.errors import FREE_SPACE_HINT, CacheError
 from compiler.build.toolchain import native_target, python_include, wants_native
 from compiler.build.verify import elf_problem
@@ -147,6 +152,52 @@ def cache_dir():
     except OSError as e:
         raise cache_problem(root, describe(e)) from None
     return root
+
+
+# -- compilers' identities (compiler.build.toolchain probes them) -------------------------
+
+IDENTITIES = 'toolchains'
+
+def _identity_file(path, args):
+    """``toolchains/<hash>.json`` in the cache folder for the program at
+    ``path`` run with ``args``, or None without a usable cache folder."""
+    try:
+        root = cache_dir()
+    except (CacheError, OSError):
+        return None
+    if root is None:
+        return None
+    name = hashlib.sha256('\0'.join([path, *args]).encode()).hexdigest()[:32]
+    return os.path.join(root, IDENTITIES, name + '.json')
+
+
+def recall_identity(path, args, stamp):
+    """The fields kept for ``path`` and ``args`` when the program had ``stamp``, or None."""
+    where = _identity_file(path, args)
+    if where is None:
+        return None
+    try:
+        with open(where) as f:
+            kept = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or [kept.get(k) for k in ('path', 'args', 'stamp')] != [path, args, stamp]:
+        return None
+    return kept.get('fields')
+
+
+def keep_identity(path, args, stamp, fields):
+    where = _identity_file(path, args)
+    if where is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
+        write_atomically(where, json.dumps({'path': path, 'args': args, 'stamp': stamp, 'fields': fields}))
+    except OSError:
+        pass
+
+
+toolchain.remember_in(recall_identity, keep_identity)
 
 
 def describe(error):
@@ -348,9 +399,11 @@ def evict(root, cap, keep=()):
 
 
 def clear_cache(root):
-    """Remove every entry and dead temporary of the cache folder ``root``.
-    Returns (entries removed, bytes freed, entries left because they are being built)."""
+    """Remove every entry and dead temporary of the cache folder ``root``,
+    and the compilers' identities. Returns (entries removed, bytes freed,
+    entries left because they are being built)."""
     sweep_temporaries(root)
+    shutil.rmtree(os.path.join(root, IDENTITIES), ignore_errors=True)
     removed = freed = busy = 0
     for entry in cache_entries(root):
         if remove_entry(root, entry):
