@@ -69,9 +69,10 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
     ``NATIVE_MIN_OPS`` Values is then saved: 0.05 s at microgpt's
     defaults). Either walk gives the same program, numbers and errors.
     ``on_large()`` is called once, as soon as the graph is known to be large
-    enough for the C walk before the C walk is loaded (or built, on a cold
-    cache): ``compile()`` starts building the loop kernels then (and after
-    the trace, for a large graph the loaded C walk read).
+    enough for the C walk, before that walk is loaded (or built, on a cold
+    cache): ``compile()`` starts building the loop kernels then. Where the C
+    walk was loaded already it is not called, and ``compile()`` starts them
+    after the trace.
     """
     walker = _Walker(on_large)
     prefix = None

@@ -28,9 +28,9 @@ entries (failed builds' sources first, never the one just built) until the
 folder's entries total at most ``$MICROGRAD_CACHE_MAX`` (``500M``, ``2G``...;
 default 1 GiB). ``toolchains/`` keeps the compilers' identities, each with
 its program's ``stat`` (``compiler.build.toolchain`` probes a compiler again
-once it changed), and ``--clear`` empties it too. Anything else in the
-folder (``mnist/`` downloads) is not an entry and is never touched here. ``python -m compiler cache --info``/
-``--clear`` show and empty it.
+once it changed). Anything else in the folder (``mnist/`` downloads) is not
+an entry and is never touched here. ``python -m compiler cache --info``/
+``--clear`` show and empty it (the identities too).
 """
 import contextlib
 import errno
@@ -157,6 +157,7 @@ def cache_dir():
 # -- compilers' identities (compiler.build.toolchain probes them) -------------------------
 
 IDENTITIES = 'toolchains'
+
 
 def _identity_file(path, args):
     """``toolchains/<hash>.json`` in the cache folder for the program at

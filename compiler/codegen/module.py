@@ -88,9 +88,10 @@ def _kernels(sets=cpu.ALL_SETS):
     body = read_template('kernels_body.c')
 
     def built_for(isa):
-        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {KERNELS.index(isa) if isa in KERNELS else -1}',
-                          body, '#undef MV_LEVEL', '#undef MV_ISA']
-                         + ([f'#define MV_HAS_{isa.upper()} 1'] if isa in KERNELS else []))
+        level = KERNELS.index(isa) if isa in KERNELS else -1      # -1: 'plain', tcc's C loops
+        has = [f'#define MV_HAS_{isa.upper()} 1'] if level >= 0 else []
+        return '\n'.join([f'#define MV_ISA {isa}', f'#define MV_LEVEL {level}', body, '#undef MV_LEVEL',
+                          '#undef MV_ISA', *has])
     vector = [built_for(isa) for isa in cpu.VECTOR_SETS if isa in sets]
     base = built_for(KERNELS[0])
     return '\n'.join([read_template('kernels.c'),
