@@ -455,9 +455,26 @@ def graph_hash(program):
             flat.extend(op.args)
         h.update(flat.tobytes())
         ks = [op.k for op in program.ops if op.k is not None]
-    h.update(repr([(s, v.hex()) for s, v in program.constants.items()]).encode())
-    h.update(repr([k.hex() for k in ks]).encode())
+    native = _native_loops_of(program.n_ops) if _native_loops_of else None
+    h.update(_constants_repr(program.constants, native))
+    h.update(_hexes_repr(ks, native))
     return h.hexdigest()[:16]
+
+
+def _constants_repr(constants, native):
+    """``repr([(slot, value.hex()), ...])`` of the constants, encoded; in C
+    (``native.hex_repr``, the same bytes) where their slots are a run."""
+    slots = list(constants)
+    if native is None or not slots or slots != list(range(slots[0], slots[0] + len(slots))):
+        return repr([(s, v.hex()) for s, v in constants.items()]).encode()
+    return native.hex_repr(array.array('d', constants.values()), slots[0])
+
+
+def _hexes_repr(values, native):
+    """``repr([v.hex(), ...])`` of floats, encoded; in C where there is ``native``."""
+    if native is None:
+        return repr([v.hex() for v in values]).encode()
+    return native.hex_repr(array.array('d', values), None)
 
 
 # Where the analyses' loops over a large program's arrays run in C: a

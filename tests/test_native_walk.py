@@ -142,8 +142,8 @@ def test_the_default_walks_large_graphs_in_c(monkeypatch, walker):
             calls.append(len(args))
             return walker.walk(*args)
 
-        def leaves_ok(self, *args):
-            return walker.leaves_ok(*args)
+        def __getattr__(self, name):                  # leaves_ok and the analyses' loops
+            return getattr(walker, name)
     monkeypatch.setattr(walk, 'native_walker', lambda: Spy())
     monkeypatch.setattr(walk, 'loaded_walker', lambda: None)     # a process that has not loaded it yet
     graph = shared_graph(1, n_ops=300)
@@ -657,3 +657,67 @@ def test_count_reads_refuses_slots_outside_uses(walker):
         walker.count_reads(uses, np.array([0, 1], dtype=np.int64), np.array([-1, 3], dtype=np.int64))
     walker.count_reads(uses, np.array([0, 2], dtype=np.int64), np.array([-1, 2], dtype=np.int64))
     assert uses.tolist() == [1, 0, 2]
+
+
+def hex_cases(seed):
+    """Doubles from random bit patterns (every exponent: subnormals, inf and
+    NaN payloads among them) and the edges by name."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2 ** 63, 300, dtype=np.int64).view(np.uint64) | (rng.integers(0, 2, 300).astype(np.uint64) << 63)
+    bits[:40] &= ~np.uint64(0x7ff << 52)                          # subnormals and zeros
+    bits[40:60] |= np.uint64(0x7ff << 52)                         # NaNs of both signs and payloads
+    edges = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0 ** -1022, 5e-324, -5e-324, sys.float_info.max, -sys.float_info.max,
+             float('inf'), float('-inf'), float('nan'), -float('nan'), 1e300, 0.1, 2.0 ** 1023, 3.0]
+    return edges + bits.view(np.float64).tolist()
+
+
+@pytest.mark.parametrize('seed', range(3))
+def test_hex_repr_writes_pythons_repr_of_float_hex(walker, seed):
+    values = hex_cases(seed)
+    packed = np.array(values, dtype=np.float64).tobytes()
+    assert walker.hex_repr(packed, None) == repr([v.hex() for v in values]).encode()
+    for first in (0, 7, 10 ** 12, -3):
+        assert walker.hex_repr(packed, first) == repr([(first + i, v.hex()) for i, v in enumerate(values)]).encode()
+    assert walker.hex_repr(b'', None) == b'[]' == walker.hex_repr(b'', 5)
+
+
+def test_hex_repr_refuses_what_is_not_doubles(walker):
+    with pytest.raises(ValueError, match='doubles'):
+        walker.hex_repr(b'1234567', None)
+    with pytest.raises(TypeError, match='first'):
+        walker.hex_repr(b'')
+    with pytest.raises(TypeError):
+        walker.hex_repr(b'', 'one')
+
+
+def test_graph_hash_is_the_same_with_its_text_written_in_c(monkeypatch, walker):
+    """A program's constants and exponents hashed through ``hex_repr``: the
+    hash of the Python text, so weights saved before fit."""
+    from compiler import ir
+    rng = random.Random(5)
+    x, w = Value(0.5), Value(-1.5)
+    y = x * w
+    for _ in range(300):                                  # constants of every kind, exponents too
+        c = rng.choice([rng.uniform(-3, 3), 5e-324, -0.0, 1e300, 2.0 ** -1030])
+        y = (y + c) * 0.5 if rng.random() < 0.7 else (y * y + 0.25) ** rng.choice([2, 0.5, 1.25, -1.0])
+    program = trace_graph(y, [x], [w])[0]
+    assert program.scalar_arrays is not None and len(program.constants) > 100 and program.scalar_arrays.k
+    calls = []
+
+    def counted(*args):
+        calls.append(args[1])
+        return in_c_hex_repr(*args)
+    in_c_hex_repr = walker.hex_repr
+    monkeypatch.setattr(walker, 'hex_repr', counted)
+    in_c, in_python = both_loops(monkeypatch, walker, ir.graph_hash, program)
+    assert calls == [program.n_inputs + program.n_params, None]       # the constants' run, the exponents
+    assert in_c == in_python == program.graph_hash
+    # constants whose slots are not a run: the Python text, in C or not
+    gapped = dict(program.constants)
+    gapped[max(gapped) + 2] = gapped.pop(min(gapped))
+    program.constants = gapped
+    calls.clear()
+    monkeypatch.setattr(walker, 'hex_repr', counted)
+    in_c, in_python = both_loops(monkeypatch, walker, ir.graph_hash, program)
+    assert in_c == in_python != program.graph_hash
+    assert calls == [None]                                             # the exponents only

@@ -35,6 +35,7 @@
  *     loop_periods(...), min_index_order(order, ptr, deps) -> int
  *     fold_chains(plus, a, b, producer, uses, members, terms, starts) -> int
  *     count_reads(uses, a, b) -> None
+ *     hex_repr(values, first) -> bytes
  *
  * are loops of the passes over the program's arrays (see below).
  *
@@ -1191,6 +1192,117 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong((long long)chains);
 }
 
+/* hex_repr(values, first) -> bytes: ``repr([v.hex() for v in values])``,
+   or with an int ``first`` ``repr([(first + i, v.hex()) for i, v in
+   enumerate(values)])``, encoded: the text ``ir.graph_hash`` hashes for a
+   program's constants and exponents (its Python twin). values: a buffer of
+   doubles. The digits follow CPython's float.hex: 13 hexadecimal digits
+   after the point, "0x0.0p+0" for zero, "inf" and "nan" as repr writes
+   them, subnormals as "0x0.<digits>p-1022". */
+static char *
+put_decimal(char *p, long long x)
+{
+    unsigned long long u = x < 0 ? 0 - (unsigned long long)x : (unsigned long long)x;
+    char digits[24];
+    int n = 0;
+    if (x < 0)
+        *p++ = '-';
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    while (n)
+        *p++ = digits[--n];
+    return p;
+}
+
+static char *
+put_float_hex(char *p, double x)
+{
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    const int negative = (int)(bits >> 63), biased = (int)(bits >> 52 & 0x7ff);
+    const uint64_t fraction = bits & (((uint64_t)1 << 52) - 1);
+    if (biased == 0x7ff) {
+        const char *name = fraction ? "nan" : negative ? "-inf" : "inf";
+        size_t n = strlen(name);
+        memcpy(p, name, n);
+        return p + n;
+    }
+    if (negative)
+        *p++ = '-';
+    if (biased == 0 && fraction == 0) {
+        memcpy(p, "0x0.0p+0", 8);
+        return p + 8;
+    }
+    *p++ = '0';
+    *p++ = 'x';
+    *p++ = biased ? '1' : '0';              /* a subnormal: 0.<fraction> * 2**-1022 */
+    *p++ = '.';
+    for (int shift = 48; shift >= 0; shift -= 4)
+        *p++ = "0123456789abcdef"[fraction >> shift & 0xf];
+    const int e = biased ? biased - 1023 : -1022;
+    *p++ = 'p';
+    if (e >= 0)
+        *p++ = '+';
+    return put_decimal(p, e);
+}
+
+static PyObject *
+hex_repr(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "hex_repr(values, first)");
+        return NULL;
+    }
+    long long first = 0;
+    const int pairs = args[1] != Py_None;
+    if (pairs && ((first = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred()))
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (v.len % 8 != 0) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_ValueError, "hex_repr: values must be a buffer of doubles");
+        return NULL;
+    }
+    const Py_ssize_t n = v.len / 8;
+    /* an entry: "(" + 20 characters + ", '" + 24 characters + "')" + ", " */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 2 + n * 56);
+    if (out == NULL) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    char *start = PyBytes_AS_STRING(out), *p = start;
+    *p++ = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x;
+        memcpy(&x, (const char *)v.buf + 8 * i, sizeof x);
+        if (i) {
+            *p++ = ',';
+            *p++ = ' ';
+        }
+        if (pairs) {
+            *p++ = '(';
+            p = put_decimal(p, first + (long long)i);
+            *p++ = ',';
+            *p++ = ' ';
+        }
+        *p++ = '\'';
+        p = put_float_hex(p, x);
+        *p++ = '\'';
+        if (pairs)
+            *p++ = ')';
+    }
+    *p++ = ']';
+    PyBuffer_Release(&v);
+    if (_PyBytes_Resize(&out, p - start) < 0)
+        return NULL;
+    return out;
+}
+
 PyDoc_STRVAR(walk_doc, "walk(value_type, constant_type, declared, loss, outputs, op_codes, arities, pow_code, "
              "lookup, want_slots)\n--\n\nThe tracer's walk of a Value graph (see compiler/templates/walk.c), "
              "or None where the Python walk must read the graph.");
@@ -1206,6 +1318,7 @@ static PyMethodDef walk_methods[] = {
     {"min_index_order", (PyCFunction)(void (*)(void))min_index_order, METH_FASTCALL, NULL},
     {"fold_chains", (PyCFunction)(void (*)(void))fold_chains, METH_FASTCALL, NULL},
     {"count_reads", (PyCFunction)(void (*)(void))count_reads, METH_FASTCALL, NULL},
+    {"hex_repr", (PyCFunction)(void (*)(void))hex_repr, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
