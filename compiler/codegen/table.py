@@ -73,7 +73,7 @@ class OpTable:
         # the exponents of '**': one entry of vm_k per distinct exponent (told
         # apart by their bits: -0.0 is not 0.0, nor one NaN another)
         pows = np.flatnonzero(code == _POW)
-        ks = np.array([arrays.k[i] for i in pows.tolist()], dtype=np.float64)
+        ks = np.fromiter(map(arrays.k.__getitem__, pows.tolist()), dtype=np.float64, count=len(pows))
         bits, index = np.unique(ks.view(np.int64), return_inverse=True)
         self.k = bits.view(np.float64).tolist()
         b[pows] = index.reshape(-1)
@@ -99,15 +99,15 @@ class OpTable:
         # a parameter's contribution goes where the layout says: added, or recorded
         self.recorded = {}
         if layout.recorded:
-            outs = arrays.out.tolist()
             for operand, kind in enumerate(kinds):
                 for i in np.flatnonzero(kind == 2).tolist():
-                    at = layout.recorded_at(outs[i], operand)
+                    at = layout.recorded_at(int(arrays.out[i]), operand)
                     if at is not None:
                         kind[i] = 3
                         self.recorded[2 * int(scalar_at[i]) + operand] = at
         entries = np.zeros((4, len(is_sum)), dtype=np.int64)
-        entries[:, scalar_at] = [code | kinds[0] << _KIND_SHIFT | kinds[1] << (_KIND_SHIFT + 2), out, a, b]
+        for row, values in enumerate((code | kinds[0] << _KIND_SHIFT | kinds[1] << (_KIND_SHIFT + 2), out, a, b)):
+            entries[row, scalar_at] = values
         self.term, self.term_to = self._sums(sums, sum_at, entries, layout, needs)
         self.info, self.out, self.a, self.b = entries
         self.n, self.sums = n, len(sums)
