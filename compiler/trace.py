@@ -101,7 +101,7 @@ def trace_graph(loss, inputs=(), params=(), outputs=(), constants=(), input_grad
     fix = _slot_fixer(n_leaves)
     arrays = walked.arrays(n_leaves)
     constants = dict(zip(range(n_declared, n_leaves), walked.constants))
-    undeclared = [v for v in walked.constant_values if type(v) is not Constant and id(v) not in declared]
+    undeclared = [v for v in walked.made_leaves if id(v) not in declared] if declared else walked.made_leaves
     n_cone = walked.n_cone
     roots = [fix(s) for s in walked.looked_up]
     loss_slot, output_slots, prefix_slots = roots[0], roots[1:1 + len(outputs)], roots[1 + len(outputs):]
@@ -150,7 +150,7 @@ class _Walked:
     b: object
     k: dict
     constants: list
-    constant_values: list
+    made_leaves: list       # the constant leaves that are Values the user made (not Constants)
     n_cone: int
     looked_up: list
     labels: list
@@ -222,10 +222,10 @@ def _walk_graph(declared, loss, outputs, prefix, native, want_slots, walker):
             [loss, *outputs, *prefix], bool(want_slots))
         if found is not None:
             # (code, a and b: bytearrays, read in place, writable)
-            code, a, b, k, constants, constant_values, n_cone, looked_up, labels, slots = found
+            code, a, b, k, constants, made_leaves, n_cone, looked_up, labels, slots = found
             return _Walked(np.frombuffer(code, dtype=np.int8), np.frombuffer(a, dtype=np.int64),
                            np.frombuffer(b, dtype=np.int64), k, np.frombuffer(constants).tolist(),
-                           constant_values, n_cone, np.frombuffer(looked_up, dtype=np.int64).tolist(),
+                           made_leaves, n_cone, np.frombuffer(looked_up, dtype=np.int64).tolist(),
                            labels, slots)
     return _python_walk(declared, loss, outputs, prefix, want_slots)
 
@@ -245,7 +245,7 @@ def _python_walk(declared, loss, outputs, prefix, want_slots, limit=-1):
         raise TraceError("the graph holds an operand that is not a Value") from None
     labels = [(s, v.label) for v, s in slot.items() if v.label and type(v.label) is str]
     return _Walked(np.array(walk.code, dtype=np.int8), np.array(walk.a, dtype=np.int64),
-                   np.array(walk.b, dtype=np.int64), walk.k, walk.constants, walk.constant_values, n_cone,
+                   np.array(walk.b, dtype=np.int64), walk.k, walk.constants, walk.made_leaves, n_cone,
                    [slot[v] for v in (loss, *outputs, *prefix)], labels, slot if want_slots else None)
 
 
@@ -268,7 +268,7 @@ class _Walk:
         self.limit = limit
         self.code, self.a, self.b = [], [], []
         self.k = {}
-        self.constants, self.constant_values = [], []
+        self.constants, self.made_leaves = [], []
 
     def run(self, roots):
         slot, codes, arity, limit = self.slot, OP_CODES, _ARITY, self.limit
@@ -324,7 +324,8 @@ class _Walk:
         if v._op:
             raise TraceError(f"a leaf Value has op {v._op!r}; leaves have none")
         self.constants.append(_real(v.data, "a constant leaf's data"))
-        self.constant_values.append(v)
+        if type(v) is not Constant:
+            self.made_leaves.append(v)
         self.slot[v] = -1 - (self.n_leaves + len(self.constants) - 1)
 
 

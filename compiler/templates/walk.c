@@ -14,7 +14,7 @@
  * it is first met), and returns
  *
  *     (code: bytes of int8, a: bytes of int64, b: bytes of int64, k: {op index: exponent},
- *      constants: bytes of double, constant_values: [Value], n_cone: int,
+ *      constants: bytes of double, made_leaves: [Value], n_cone: int,
  *      looked_up: bytes of int64 (the number of each Value of ``lookup``),
  *      labels: [(number, label)], slots: {Value: number} or None)
  *
@@ -236,7 +236,7 @@ typedef struct {
     Buffer order;                              /* the Values in the order they were met (want_slots) */
     Buffer labels;                             /* Label: the labelled Values' numbers and labels */
     Buffer code, a, b, constants;
-    PyObject *k, *constant_values;
+    PyObject *k, *made_leaves;
     Buffer frames;                             /* Frame: the walk's stack */
 } Walk;
 
@@ -374,7 +374,7 @@ finish(Walk *w, const Frame *f, int64_t *number)
         if (!real(SLOT(v, w->data), &data) || !PyFloat_CheckExact(SLOT(v, w->data)))
             return 0;
         PUSH(w->constants, double, data);
-        if (PyList_Append(w->constant_values, v) < 0)
+        if (!Py_IS_TYPE(v, w->constant_type) && PyList_Append(w->made_leaves, v) < 0)
             return -1;
         e->number = *number = -1 - (w->n_declared + (int64_t)(w->constants.size / sizeof(double)) - 1);
         return note_label(w, v, e->number) < 0 ? -1 : 1;
@@ -507,7 +507,7 @@ results(Walk *w, Py_ssize_t n_cone, PyObject *lookup, int want_slots)
     }
     PyObject *code = buffer_take(&w->code), *a = buffer_take(&w->a), *b = buffer_take(&w->b);
     if (code != NULL && a != NULL && b != NULL) {
-        out = Py_BuildValue("(NNNONOnNOO)", code, a, b, w->k, bytes_of(&w->constants), w->constant_values,
+        out = Py_BuildValue("(NNNONOnNOO)", code, a, b, w->k, bytes_of(&w->constants), w->made_leaves,
                             n_cone, looked_up, labels, slots);
         looked_up = NULL;
     } else {
@@ -561,8 +561,8 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *out = NULL;
     Status s = -1;
     w.k = PyDict_New();
-    w.constant_values = PyList_New(0);
-    if (w.k == NULL || w.constant_values == NULL || buffer_for_python(&w.code) < 0
+    w.made_leaves = PyList_New(0);
+    if (w.k == NULL || w.made_leaves == NULL || buffer_for_python(&w.code) < 0
             || buffer_for_python(&w.a) < 0 || buffer_for_python(&w.b) < 0
             || table_init(&w.seen, 2 * (size_t)PyList_GET_SIZE(declared) + 4096) < 0)
         goto done;
@@ -603,7 +603,7 @@ done:
     free(w.constants.data);
     free(w.frames.data);
     Py_XDECREF(w.k);
-    Py_XDECREF(w.constant_values);
+    Py_XDECREF(w.made_leaves);
     if (s == 0) {
         PyErr_Clear();
         Py_RETURN_NONE;
