@@ -63,8 +63,7 @@ def vectorize(program):
         arrays = ScalarArrays.from_ops(program.ops)
     g = _Graph(program, arrays)
     folds = _flatten_sums(g)
-    rows = _rows(g, folds)
-    layers, not_lifted = _group_layers(rows, g)
+    layers, not_lifted = _group_layers(_rows(g, folds), g)      # (the rows: not kept past it)
     dropped = set()        # folds whose Sum changed an order of gradient contributions
     for _ in range(MAX_ORDER_RETRIES):
         lifted, reads, members_of = _units(g, folds, layers, dropped)
@@ -95,6 +94,7 @@ def vectorize(program):
             dropped.update(rep for rep in breaks if isinstance(lifted[rep], Sum))
     else:
         return _unchanged(program, not_lifted + _given_up(layers, 'order of gradient accumulation'))
+    del folds, reads, members_of     # op-sized arrays _renumber does not read: not held through it
     out = _renumber(program, g, schedule, rep_of, lifted, layers)
     if program.prefix_sums and not prefixes_hold(out):
         # a lifted op would mix positions
