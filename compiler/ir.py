@@ -455,7 +455,7 @@ def graph_hash(program):
             flat.extend(op.args)
         h.update(flat.tobytes())
         ks = [op.k for op in program.ops if op.k is not None]
-    native = _native_loops_of(program.n_ops) if _native_loops_of else None
+    native = native_loops(program.n_ops)
     h.update(_constants_repr(program.constants, native))
     h.update(_hexes_repr(ks, native))
     return h.hexdigest()[:16]
@@ -479,10 +479,10 @@ def _hexes_repr(values, native):
 
 # Where the analyses' loops over a large program's arrays run in C: a
 # function of the number of ops giving the module with ``mark_readers``,
-# ``mark_operands``, ``cones_hold``, ``reads_out_of_order`` and
-# ``loop_periods`` (the loops of ``needs_grad``, ``_live``, ``prefixes_hold``,
-# ``reads_out_of_order`` and ``loops._find_loops``, same results), or None
-# for the Python loops. compiler.trace installs ``walk.native_loops`` (the
+# ``mark_operands``, ``cones_hold``, ``reads_out_of_order``,
+# ``loop_periods`` and ``hex_repr`` (the loops of ``needs_grad``, ``_live``,
+# ``prefixes_hold``, ``reads_out_of_order``, ``loops._find_loops`` and the
+# text ``graph_hash`` hashes, same results), or None for the Python loops. compiler.trace installs ``walk.native_loops`` (the
 # tracer's C module, loaded anyway for programs that large); ir itself
 # imports nothing.
 _native_loops_of = None
