@@ -482,9 +482,9 @@ def _hexes_repr(values, native):
 # ``mark_operands``, ``cones_hold``, ``reads_out_of_order``,
 # ``loop_periods`` and ``hex_repr`` (the loops of ``needs_grad``, ``_live``,
 # ``prefixes_hold``, ``reads_out_of_order``, ``loops._find_loops`` and the
-# text ``graph_hash`` hashes, same results), or None for the Python loops. compiler.trace installs ``walk.native_loops`` (the
-# tracer's C module, loaded anyway for programs that large); ir itself
-# imports nothing.
+# text ``graph_hash`` hashes, same results), or None for the Python loops.
+# compiler.trace installs ``walk.native_loops`` (the tracer's C module,
+# loaded anyway for programs that large); ir itself imports nothing.
 _native_loops_of = None
 
 

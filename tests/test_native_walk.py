@@ -663,7 +663,8 @@ def hex_cases(seed):
     """Doubles from random bit patterns (every exponent: subnormals, inf and
     NaN payloads among them) and the edges by name."""
     rng = np.random.default_rng(seed)
-    bits = rng.integers(0, 2 ** 63, 300, dtype=np.int64).view(np.uint64) | (rng.integers(0, 2, 300).astype(np.uint64) << 63)
+    signs = rng.integers(0, 2, 300).astype(np.uint64) << 63
+    bits = rng.integers(0, 2 ** 63, 300, dtype=np.int64).view(np.uint64) | signs
     bits[:40] &= ~np.uint64(0x7ff << 52)                          # subnormals and zeros
     bits[40:60] |= np.uint64(0x7ff << 52)                         # NaNs of both signs and payloads
     edges = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0 ** -1022, 5e-324, -5e-324, sys.float_info.max, -sys.float_info.max,

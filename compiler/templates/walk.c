@@ -1192,13 +1192,7 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong((long long)chains);
 }
 
-/* hex_repr(values, first) -> bytes: ``repr([v.hex() for v in values])``,
-   or with an int ``first`` ``repr([(first + i, v.hex()) for i, v in
-   enumerate(values)])``, encoded: the text ``ir.graph_hash`` hashes for a
-   program's constants and exponents (its Python twin). values: a buffer of
-   doubles. The digits follow CPython's float.hex: 13 hexadecimal digits
-   after the point, "0x0.0p+0" for zero, "inf" and "nan" as repr writes
-   them, subnormals as "0x0.<digits>p-1022". */
+/* x in decimal at p; returns the end. */
 static char *
 put_decimal(char *p, long long x)
 {
@@ -1216,6 +1210,8 @@ put_decimal(char *p, long long x)
     return p;
 }
 
+/* x as CPython's float.hex() writes it (repr's "inf", "-inf", "nan" where
+   it is not finite) at p; returns the end. */
 static char *
 put_float_hex(char *p, double x)
 {
@@ -1248,6 +1244,13 @@ put_float_hex(char *p, double x)
     return put_decimal(p, e);
 }
 
+/* hex_repr(values, first) -> bytes: ``repr([v.hex() for v in values])``,
+   or with an int ``first`` ``repr([(first + i, v.hex()) for i, v in
+   enumerate(values)])``, encoded: the text ``ir.graph_hash`` hashes for a
+   program's constants and exponents (``ir._constants_repr`` and
+   ``ir._hexes_repr`` are its Python twins). values: a buffer of doubles.
+   The digits follow CPython's float.hex: 13 hexadecimal digits after the
+   point, "0x0.0p+0" for zero, subnormals as "0x0.<digits>p-1022". */
 static PyObject *
 hex_repr(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
