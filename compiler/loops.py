@@ -224,7 +224,7 @@ def _find_loops(units):
     H(y)``, modulo 2**64: one subtraction a period), and each stretch taken
     is then checked row by row and cut where the hash was wrong."""
     n, sig, slots = units.n, units.sig, units.slots
-    weights = np.random.default_rng(0).integers(1, 2 ** 63, size=slots.shape[1], dtype=np.uint64) | np.uint64(1)
+    weights = np.array(_hash_weights(slots.shape[1]), dtype=np.uint64)
     hashed = np.ascontiguousarray(slots).view(np.uint64) @ weights      # (no copy of the slots)
     best, best_p = _periods(sig, hashed, min(MAX_PERIOD, n // MIN_ITERATIONS))
     loops, at = [], 0
@@ -237,6 +237,19 @@ def _find_loops(units):
             loops.append((s, p, k))
             at = s + k * p
     return loops
+
+
+def _hash_weights(count):
+    """``count`` odd 64-bit weights that look random: splitmix64's outputs
+    (numpy.random would cost its import, 6 ms, in a process that has not
+    loaded it)."""
+    out, x, mask = [], 0, (1 << 64) - 1
+    for _ in range(count):
+        x = (x + 0x9E3779B97F4A7C15) & mask
+        z = ((x ^ x >> 30) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ z >> 27) * 0x94D049BB133111EB) & mask
+        out.append((z ^ z >> 31) | 1)
+    return out
 
 
 def _periods(sig, hashed, max_period):
@@ -346,15 +359,11 @@ def fuse_dots(program):
     is_scalar = np.ones(n, dtype=bool)
     is_scalar[[i for i, _ in lifted]] = False
     scalar_at = np.flatnonzero(is_scalar)
-    # who reads each slot, by position
-    # (a MatVec's weights are parameters: no product reads them)
+    # the slots each op reads (a MatVec's weights are parameters: no product reads them)
     reads = [np.arange(op.x0, op.x0 + op.cols).tolist() + list(op.heads or ()) if type(op) is MatVec else op.reads
              for _, op in lifted]
     binary = arrays.b >= 0
     slots = np.concatenate([arrays.a, arrays.b[binary], np.fromiter((s for r in reads for s in r), dtype=np.int64)])
-    where = np.concatenate([scalar_at, scalar_at[binary],
-                            np.repeat(np.array([i for i, _ in lifted], dtype=np.int64), [len(r) for r in reads])])
-    key = np.sort(slots * (n + 1) + where, kind='stable')   # readers, by slot then position (runs: timsort)
     ends = np.array([program.loss, *program.outputs, *program.prefix_sums], dtype=np.int64)
     uses = np.bincount(np.r_[slots, ends], minlength=program.n_slots)
     needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
@@ -395,6 +404,13 @@ def fuse_dots(program):
         q_e = np.r_[q[entry], q[entry]]
         x_e = np.r_[arrays.a[k[entry]], arrays.b[k[entry]]]
         s_e = fold_at[fold_e]
+        # the readers of those operands, by slot then position (runs: timsort)
+        operand = np.zeros(program.n_slots, dtype=bool)
+        operand[x_e] = True
+        read = operand[slots]
+        where = np.concatenate([scalar_at, scalar_at[binary],
+                                np.repeat(np.array([i for i, _ in lifted], dtype=np.int64), [len(r) for r in reads])])
+        key = np.sort(slots[read] * (n + 1) + where[read], kind='stable')
         total = np.searchsorted(key, x_e * (n + 1) + s_e, 'left') - np.searchsorted(key, x_e * (n + 1) + q_e, 'right')
         # reads of x by this fold's products after this one
         _, group = np.unique(fold_e * program.n_slots + x_e, return_inverse=True)

@@ -336,6 +336,34 @@ def test_a_loss_that_is_a_dot_of_activations_with_input_gradients(cc):
     assert sum(type(op) is Dot for op in m.program.ops) == 2
 
 
+def _read_between(where):
+    """Three products ``h[2k] * h[2k + 1]`` folded into a sum, where ``where
+    = (k, j)`` makes product ``k + 1``'s second operand ``exp(h[j])``: in the
+    interpreter's order that reads ``h[j]`` between product ``k`` and the
+    fold (None: no such read)."""
+    def graph(inputs, params):
+        h = [(a * b).tanh() for a, b in zip(inputs, params)]
+        products = []
+        for k in range(3):
+            second = h[where[1]].exp() if where is not None and k == where[0] + 1 else h[2 * k + 1]
+            products.append(h[2 * k] * second)
+        return sum(products), h
+    return graph
+
+
+@pytest.mark.parametrize('where, fused', [((0, 0), False), ((0, 1), False), ((1, 2), False), ((1, 3), False),
+                                          ((0, 4), True), (None, True)])
+def test_a_read_of_an_operand_between_a_product_and_its_fold_keeps_the_products(where, fused):
+    # Fused, that product's gradient would reach its operand at the fold,
+    # after the other reader's (backward): the interpreter's order moved.
+    # A read of a later product's operand moves nothing.
+    rng = random.Random(4)
+    samples = [[rng.uniform(-2, 2) for _ in range(6)] for _ in range(3)]
+    m = assert_matches_interpreter(_read_between(where), samples, [rng.uniform(-1, 1) for _ in range(6)], FAST_CC,
+                                   input_grads=True)
+    assert any(type(op) is Dot for op in m.program.ops) == fused
+
+
 @pytest.mark.parametrize('n', range(6))
 def test_tiny_programs_pass_through(n):
     x = [Value(0.0) for _ in range(n)]
