@@ -28,8 +28,9 @@ import numpy as np
 # floating literal (2.5, 1e-05, 0x1.8p+0) or of a suffixed or hex integer
 # (8L, 0x1F), not octal (010) and not beyond int64. The generated C puts
 # spaces around binary operators, so a sign just before digits after e or p
-# is an exponent's.
-_INTEGER = re.compile(r'(?<![\w.])(?<![eEpP][+-])(0|[1-9]\d{0,17})(?![\w.])')
+# is an exponent's. (The lookahead first: the search skips a non-digit
+# without trying the lookbehinds, a third of the time of a split.)
+_INTEGER = re.compile(r'(?=\d)(?<![\w.])(?<![eEpP][+-])(0|[1-9]\d{0,17})(?![\w.])')
 POS = 'pos'     # the name of the position in the functions written here
 
 
