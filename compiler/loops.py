@@ -78,7 +78,10 @@ class _Units:
     """The program's ops as arrays: ``kind`` (an op code, ``_SUM``, or -1:
     never in a loop), ``slots`` (the output, then the operands; unused
     columns 0, constants as the first slot of their value) and ``sig`` (ops
-    that may repeat each other have the same; -1: none)."""
+    that may repeat each other have the same; -1: none). ``slots`` has a
+    scalar op's three columns; a fold's whole row (``row``) is in
+    ``fold_slots``, at its place in ``fold_at`` (the folds in a body are a
+    few: a million ops kept one row as wide as the widest fold)."""
 
     def __init__(self, program):
         self.program = program
@@ -97,8 +100,8 @@ class _Units:
             width //= 2                      # (a huge program: only shorter folds in bodies)
         sums = [(i, op) for i, op, w in folds if w <= width]
         width = max([3] + [w for _, _, w in folds if w <= width])
-        slots = np.zeros((n, width), dtype=np.int64)
-        used = np.zeros((n, width), dtype=bool)
+        slots = np.zeros((n, 3), dtype=np.int64)
+        used = np.zeros((n, 3), dtype=bool)
         kind = np.full(n, -1, dtype=np.int64)
         # the scalar ops
         binary = arrays.b >= 0
@@ -106,7 +109,7 @@ class _Units:
         slots[self.scalar_at, 0] = arrays.out
         slots[self.scalar_at, 1] = arrays.a
         slots[self.scalar_at, 2] = np.where(binary, arrays.b, 0)
-        used[self.scalar_at, :2] = True
+        used[:, 0] = used[:, 1] = is_scalar
         used[self.scalar_at, 2] = binary
         exponent = np.zeros(n, dtype=np.int64)          # which exponent of '**' (0: none)
         if arrays.k:                                    # numbered by their bits
@@ -114,32 +117,40 @@ class _Units:
             bits = np.fromiter(arrays.k.values(), dtype=np.float64, count=len(which)).view(np.uint64)
             exponent[self.scalar_at[which]] = 1 + np.unique(bits, return_inverse=True)[1].reshape(-1)
         # the short folds
-        for i, op in sums:
+        self.fold_at = np.array([i for i, _ in sums], dtype=np.int64)
+        fold_slots = np.zeros((len(sums), width), dtype=np.int64)
+        fold_used = np.zeros((len(sums), width), dtype=bool)
+        for f, (i, op) in enumerate(sums):
             kind[i] = _SUM if type(op) is Sum else _DOT
             row = loop_slots(op)
-            slots[i, :len(row)] = row
-            used[i, :len(row)] = True
-        # what each slot is (one byte a cell: the ranges below each bound
-        # counted), and whether it needs a gradient
-        leaves, p0, p1 = program.n_leaves, program.param_start, program.param_end
-        cls = (slots >= program.n_inputs).view(np.int8) + (slots >= p1).view(np.int8)
-        cls += (slots >= leaves).view(np.int8)       # _INPUT, _PARAM, _CONST or _COMPUTED
-        cls[~used] = _NONE
-        needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
-        flag = np.where(used, needs[slots], 0).astype(np.int8)
-        const = cls == _CONST
-        slots[const] = _first_of_value(program)[slots[const] - p0]
-        slots[~used] = 0
+            fold_slots[f, :len(row)] = row
+            fold_used[f, :len(row)] = True
+        slots[self.fold_at] = fold_slots[:, :3]
+        used[self.fold_at] = fold_used[:, :3]
+        # what each slot is, whether it needs a gradient; constants as the
+        # first slot of their value, unused cells 0
+        first_of_value, needs = _first_of_value(program), np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8)
+        code = _cells(program, slots, used, first_of_value, needs)
+        fold_code = _cells(program, fold_slots, fold_used, first_of_value, needs)
         # never in a loop: a parameter read, the loss and the partial sums
-        kind[np.any(cls == _PARAM, axis=1)] = -1
+        kind[_any_cell(code >> 1 == _PARAM)] = -1
+        kind[self.fold_at[_any_cell(fold_code >> 1 == _PARAM)]] = -1
         ends = np.array([program.loss, *program.prefix_sums], dtype=np.int64)
         kind[np.isin(slots[:, 0], ends) & (kind >= 0)] = -1
         cone = np.arange(n) < program.n_grad_ops
-        self.sig = _signatures(kind, (kind + 1) | cone << 8 | exponent << 9, cls * 2 + flag)
+        self.sig = _signatures(kind, (kind + 1) | cone << 8 | exponent << 9, code,
+                               fold_code[kind[self.fold_at] >= _SUM])
         self.kind, self.slots, self.used = kind, slots, used
+        self.fold_slots, self.fold_used = fold_slots, fold_used
+
+    def row(self, i):
+        """Unit ``i``'s slots: a fold's whole row, else its three columns."""
+        if self.kind[i] >= _SUM:
+            return self.fold_slots[int(np.searchsorted(self.fold_at, i))]
+        return self.slots[i]
 
     def op(self, i, at):
-        """Unit ``i`` as an ``Op``, ``Sum`` or ``Dot`` over the slots ``at`` (a row of ``slots``)."""
+        """Unit ``i`` as an ``Op``, ``Sum`` or ``Dot`` over the slots ``at`` (a ``row``)."""
         if self.kind[i] >= _SUM:
             return with_slots(self.lifted_at[i], [int(s) for s in at[:self.width(i)]])
         j = int(np.searchsorted(self.scalar_at, i))
@@ -148,7 +159,34 @@ class _Units:
         return Op(OP_NAMES[arrays.code[j]], int(at[0]), args, arrays.k.get(j))
 
     def width(self, i):
+        if self.kind[i] >= _SUM:
+            return int(self.fold_used[int(np.searchsorted(self.fold_at, i))].sum())
         return int(self.used[i].sum())
+
+
+def _any_cell(mask):
+    """``mask.any(axis=1)`` a column at a time (several times faster on a
+    few columns)."""
+    out = np.zeros(len(mask), dtype=bool)
+    for c in range(mask.shape[1]):
+        out |= mask[:, c]
+    return out
+
+
+def _cells(program, slots, used, first_of_value, needs):
+    """Each cell's code, ``what it is * 2 + whether it needs a gradient``
+    (``_INPUT``, ``_PARAM``, ``_CONST``, ``_COMPUTED``, ``_NONE`` unused:
+    one byte a cell, the ranges below each bound counted); then ``slots``
+    in place: a constant as the first slot of its value, unused cells 0."""
+    leaves, p0, p1 = program.n_leaves, program.param_start, program.param_end
+    cls = (slots >= program.n_inputs).view(np.int8) + (slots >= p1).view(np.int8)
+    cls += (slots >= leaves).view(np.int8)
+    cls[~used] = _NONE
+    flag = np.where(used, needs[slots], 0).astype(np.int8)
+    const = cls == _CONST
+    slots[const] = first_of_value[slots[const] - p0]
+    slots[~used] = 0
+    return cls * 2 + flag
 
 
 def _row_ranks(columns):
@@ -163,18 +201,20 @@ def _row_ranks(columns):
     return rank.reshape(-1)
 
 
-def _signatures(kind, head, code):
+def _signatures(kind, head, code, fold_code):
     """Each op's signature (-1: never in a loop): the same for ops that may
-    repeat each other (the same ``head``, and the same ``code`` in every
-    cell: 4 bits each). A scalar op's three cells and its head (numbered
-    first) fit one small int64, numbered through a table; only the folds (a
-    few) rank their rows of cells, a column of 15 cells at a time."""
+    repeat each other (the same ``head``, and the same code in every cell:
+    4 bits each; ``code`` has a scalar op's three cells, ``fold_code`` the
+    whole row of each op of a fold's kind, in order). A scalar op's cells
+    and its head (numbered first) fit one small int64, numbered through a
+    table; only the folds (a few) rank their rows of cells, a column of 15
+    cells at a time."""
     key = _ids(head) << 12 | code[:, 0] | code[:, 1].astype(np.int64) << 4 | code[:, 2].astype(np.int64) << 8
     scalar = (kind >= 0) & (kind < _SUM)
     sig = np.where(scalar, _ids(np.where(scalar, key, 0)), -1)
     folds = np.flatnonzero(kind >= _SUM)
     if len(folds):
-        cells = code[folds].astype(np.int64)
+        cells = fold_code.astype(np.int64)
         packed = [(cells[:, c:c + 15] << (4 * np.arange(cells[:, c:c + 15].shape[1]))).sum(axis=1)
                   for c in range(0, cells.shape[1], 15)]
         sig[folds] = int(sig.max(initial=-1)) + 1 + _row_ranks([head[folds], *packed])
@@ -223,16 +263,17 @@ def _find_loops(units):
     differences; rows are compared by a linear hash (``H(x - y) = H(x) -
     H(y)``, modulo 2**64: one subtraction a period), and each stretch taken
     is then checked row by row and cut where the hash was wrong."""
-    n, sig, slots = units.n, units.sig, units.slots
-    weights = np.array(_hash_weights(slots.shape[1]), dtype=np.uint64)
-    hashed = np.ascontiguousarray(slots).view(np.uint64) @ weights      # (no copy of the slots)
+    n, sig = units.n, units.sig
+    weights = np.array(_hash_weights(units.fold_slots.shape[1]), dtype=np.uint64)
+    hashed = units.slots.view(np.uint64) @ weights[:3]        # (no copy of the slots)
+    hashed[units.fold_at] = units.fold_slots.view(np.uint64) @ weights
     best, best_p = _periods(sig, hashed, min(MAX_PERIOD, n // MIN_ITERATIONS))
     loops, at = [], 0
     for s in np.flatnonzero(best >= MIN_OPS).tolist():
         if s < at:
             continue
         p = int(best_p[s])
-        k = _checked(slots, s, p, int(best[s]) // p)
+        k = _checked(units, s, p, int(best[s]) // p)
         if k >= MIN_ITERATIONS and k * p >= MIN_OPS:
             loops.append((s, p, k))
             at = s + k * p
@@ -284,12 +325,17 @@ def _periods(sig, hashed, max_period):
     return best, best_p
 
 
-def _checked(slots, s, p, k):
-    """How many of the ``k`` iterations from ``s`` repeat the first's steps exactly."""
-    rows = slots[s:s + k * p].reshape(k, p, -1)
-    steps = rows[1:] - rows[:-1]
-    good = np.all(steps == steps[0], axis=(1, 2))
-    return 1 + int(np.argmin(good)) if not good.all() else k
+def _checked(units, s, p, k):
+    """How many of the ``k`` iterations from ``s`` repeat the first's steps
+    exactly (each iteration has its folds at the same places: the ops
+    repeat)."""
+    def good(rows):
+        rows = rows.reshape(k, -1)
+        steps = rows[1:] - rows[:-1]
+        return np.all(steps == steps[0], axis=1)
+    f0, f1 = np.searchsorted(units.fold_at, [s, s + k * p])
+    ok = good(units.slots[s:s + k * p]) & good(units.fold_slots[f0:f1])
+    return 1 + int(np.argmin(ok)) if not ok.all() else k
 
 
 def _rebuild(program, units, loops):
@@ -314,8 +360,8 @@ def _rebuild(program, units, loops):
     for i in np.flatnonzero(keep & ~np.isin(np.arange(n), units.scalar_at[where])).tolist():
         if i in loop_at:
             p, k = loop_at[i]
-            body = tuple(units.op(j, units.slots[j]) for j in range(i, i + p))
-            steps = tuple(tuple((units.slots[j + p] - units.slots[j])[:units.width(j)].tolist())
+            body = tuple(units.op(j, units.row(j)) for j in range(i, i + p))
+            steps = tuple(tuple((units.row(j + p) - units.row(j))[:units.width(j)].tolist())
                           for j in range(i, i + p))
             op = Loop(k, body, steps)
         else:

@@ -448,7 +448,7 @@ def test_signatures_are_equal_exactly_where_ops_may_repeat_each_other():
                 kind[i], head[i], code[i] = kind[j], head[j], code[j]
                 c = int(rng.integers(0, 3 if kind[i] < _SUM else width))
                 code[i, c] = rng.choice([code[i, c], (code[i, c] + 3) % 9])
-        sig = _signatures(kind, head, code)
+        sig = _signatures(kind, head, code[:, :3], code[kind >= _SUM])
         assert np.array_equal(sig < 0, kind < 0)
         rows = [(int(h), bytes(c)) for h, c in zip(head, code)]
         for i in np.flatnonzero(kind >= 0):
