@@ -56,6 +56,12 @@
 #include <sys/mman.h>
 #include <string.h>
 
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 #define PENDING ((int64_t)1 << 62)          /* on the stack: met as an operand, a cycle */
 #define NO_OPERAND (-((int64_t)1 << 62))
 
@@ -335,6 +341,13 @@ meet(Walk *w, PyObject *v)
     }
     if (buffer_push(&w->frames, &frame, sizeof frame) < 0)
         return -1;
+    /* Its operands, and their places in the table, are read soon: the
+       graph's Values lie anywhere in memory, so start fetching them now. */
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prev); i++) {
+        PyObject *c = PyTuple_GET_ITEM(prev, i);
+        PREFETCH(c);
+        PREFETCH(&w->seen.entries[hash_address(c) & w->seen.mask]);
+    }
     if (w->want_slots && buffer_push(&w->order, &v, sizeof v) < 0)
         return -1;
     return 1;
