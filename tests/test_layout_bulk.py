@@ -92,10 +92,14 @@ def programs():
         loss, logits = build(inputs, params)
         for input_grads in (False, True):
             out.append(vectorize(trace_graph(loss, inputs, params, logits, input_grads=input_grads)[0]))
+    # Sums of several parameters (their terms' uses last to first), one of them twice
+    x, p = [Value(0.5), Value(-2.0)], [Value(0.1 * i) for i in range(1, 5)]
+    ys = [p[0] + p[1] + x[0] * p[2] + p[3] + x[1], p[3] + x[1] + p[1] + p[3] + p[0]]
+    out.append(vectorize(trace_graph((ys[0] * ys[1]).tanh(), x, p, ys)[0]))
     return out
 
 
-@pytest.mark.parametrize('case', range(14))
+@pytest.mark.parametrize('case', range(15))
 def test_the_layout_is_the_per_slot_layout(case):
     program = programs()[case]
     flags = needs_grad(program)
@@ -134,7 +138,7 @@ def test_many_parameter_uses_are_added_not_recorded(monkeypatch):
     assert lay.grad_target(Op('+', out, ()), i, slot) == ('+=', lay.grad[slot])
 
 
-@pytest.mark.parametrize('case', range(14))
+@pytest.mark.parametrize('case', range(15))
 def test_the_analyses_over_arrays_and_lifted_ops(case):
     program = programs()[case]
     reference = as_objects(program)

@@ -24,6 +24,7 @@ its own values and gradients; parameters and constants are shared:
   (``place_hoisted``, compiler/invariant.py), computed there once: one row
   of values and one of gradients and contributions, at the row's indices.
 """
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -284,14 +285,20 @@ def _scalar_param_uses(program, flags, part):
         outs.append(arrays.out[hit])
         operands.append(np.full(len(hit), operand, dtype=np.int64))
         slots.append(x[hit])
-    for position, op in part.lifted:
-        if type(op) is Sum and position < n_grad and flags[op.out]:
-            hit = [i for i, t in enumerate(op.terms) if p0 <= t < p1]
-            keys.append(np.array([[-position] * len(hit), [len(op.terms) - 1 - i for i in hit]],
-                                 dtype=np.int64).reshape(2, -1))
-            outs.append(np.full(len(hit), op.out, dtype=np.int64))
-            operands.append(np.array(hit, dtype=np.int64))
-            slots.append(np.array([op.terms[i] for i in hit], dtype=np.int64))
+    # the Sums' terms (thousands of Sums: their terms as one array)
+    sums = [(position, op) for position, op in part.lifted if type(op) is Sum and position < n_grad and flags[op.out]]
+    lengths = np.fromiter((len(op.terms) for _, op in sums), dtype=np.int64, count=len(sums))
+    terms = np.fromiter(itertools.chain.from_iterable(op.terms for _, op in sums), dtype=np.int64,
+                        count=int(lengths.sum()))
+    owner = np.repeat(np.arange(len(sums)), lengths)
+    index = np.arange(len(terms)) - (np.cumsum(lengths) - lengths)[owner]      # the term's operand index
+    hit = np.flatnonzero((terms >= p0) & (terms < p1))
+    owner = owner[hit]
+    position = np.fromiter((position for position, _ in sums), dtype=np.int64, count=len(sums))
+    keys.append(np.stack([-position[owner], lengths[owner] - 1 - index[hit]]))
+    outs.append(np.fromiter((op.out for _, op in sums), dtype=np.int64, count=len(sums))[owner])
+    operands.append(index[hit])
+    slots.append(terms[hit])
     key = np.concatenate(keys, axis=1)
     order = np.lexsort((key[1], key[0]))
     return np.concatenate(outs)[order], np.concatenate(operands)[order], np.concatenate(slots)[order]
