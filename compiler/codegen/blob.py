@@ -38,9 +38,8 @@ def little_endian(values, ctype):
 
 def literal(name, data):
     """``static const char name[] = "..."``: the bytes ``data`` as hex digits."""
-    text = data.hex()
-    lines = [text[i:i + LINE] for i in range(0, len(text), LINE)] or ['']
-    return f'static const char {name}[] =\n"' + '"\n"'.join(lines) + '";'
+    lines = data.hex('\0', -(LINE // 2)).replace('\0', '"\n"')     # LINE digits a line, from the first
+    return f'static const char {name}[] =\n"' + lines + '";'
 
 
 def unpack_statement(name, target, ctype, n):
