@@ -39,7 +39,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from compiler.ir import (Conv, MatVec, OP_CODES, Program, SlotMap, Sum, moved_labels, needs_grad,
+from compiler.ir import (Conv, MatVec, OP_CODES, Program, SlotMap, Sum, all_slots, moved_labels, needs_grad,
                          read_slots)
 
 _PLUS, _TIMES = OP_CODES['+'], OP_CODES['*']
@@ -79,10 +79,10 @@ class _Graph:
         self.spos = np.flatnonzero(~lifted)           # position of each scalar op
         self.producer = np.full(program.n_slots + 1, -1, dtype=np.int64)   # [-1]: no operand
         self.producer[a.out] = self.spos
-        for i, op in self.lifted.items():
-            self.producer[np.fromiter(op.writes, dtype=np.int64)] = i
-        reads = [a.a, a.b[a.b >= 0], np.array([program.loss, *program.outputs], dtype=np.int64)]
-        reads += [read_slots(op) for op in self.lifted.values()]
+        writes, counts = all_slots(self.lifted.values(), 'writes')
+        self.producer[writes] = np.repeat(np.fromiter(self.lifted, dtype=np.int64, count=len(counts)), counts)
+        reads = [a.a, a.b[a.b >= 0], np.array([program.loss, *program.outputs], dtype=np.int64),
+                 all_slots(self.lifted.values())[0]]
         self.uses = np.bincount(np.concatenate(reads), minlength=program.n_slots)
         self.needs = np.frombuffer(bytes(needs_grad(program)), dtype=np.uint8).astype(bool)
         self.scalar_at = np.full(self.n, -1, dtype=np.int64)   # position -> scalar op index
@@ -119,9 +119,11 @@ def _rows(g):
     sums = [(i, op) for i, op in g.lifted.items() if type(op) is Sum and i < g.cone and len(op.terms) >= 2]
     rows = []
     if sums:
-        lengths = np.array([len(op.terms) - 1 for _, op in sums])
-        heads = np.array([op.terms[0] for _, op in sums], dtype=np.int64)
-        flat = np.concatenate([np.asarray(op.terms[1:], dtype=np.int64) for _, op in sums])
+        terms, lengths = all_slots(op for _, op in sums)
+        starts = np.cumsum(lengths) - lengths
+        heads = terms[starts]
+        flat = np.delete(terms, starts)
+        lengths -= 1
         ok, pos, w, x = _products(g, flat)
         starts = np.cumsum(lengths) - lengths
         row_ok = np.logical_and.reduceat(ok, starts) & g.is_param(heads)

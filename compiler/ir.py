@@ -772,6 +772,32 @@ def read_slots(op):
     return reads_array() if reads_array is not None else np.asarray(op.reads, dtype=np.int64)
 
 
+def all_slots(ops, which='reads'):
+    """The slots that each of ``ops`` reads (``which='reads'``, as
+    ``read_slots``) or writes (``'writes'``), one op's after the other, as
+    one int64 array; and how many each op has. Thousands of small ops (a
+    graph's Sums) make one array, not one each."""
+    import itertools
+    import numpy as np
+    pieces, run, counts = [], [], []
+
+    def flush():
+        if run:
+            pieces.append(np.fromiter(itertools.chain.from_iterable(run), dtype=np.int64))
+            run.clear()
+    for op in ops:
+        if which == 'reads' and hasattr(op, 'reads_array'):     # (a block of slots: its own array)
+            flush()
+            pieces.append(op.reads_array())
+            counts.append(len(pieces[-1]))
+        else:
+            run.append(getattr(op, which))
+            counts.append(len(run[-1]))
+    flush()
+    slots = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return slots, np.array(counts, dtype=np.int64)
+
+
 def _mark_reads(marks, op):
     """``marks[x] = 1`` (a bytearray) for every slot ``op`` reads."""
     import numpy as np

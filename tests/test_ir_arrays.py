@@ -287,3 +287,17 @@ def test_live_marks_a_matmats_reads():
     marks = bytearray(50)
     _mark_reads(marks, uses[0])
     assert [i for i, m in enumerate(marks) if m] == list(range(0, 3)) + list(range(10, 16)) + [40]
+
+
+@pytest.mark.parametrize('order', [(0, 1, 2, 3), (1, 0, 3, 2), (2, 3, 0, 1), ()])
+def test_all_slots_are_each_ops_slots_one_after_the_other(order):
+    ops = [ir.Sum(9, [3, 4, 3]), ir.MatVec(y0=20, rows=2, cols=3, wt0=10, x0=16, heads=[5, 6], bwd_rows=[1, 0],
+                                          grad_x=True),
+           ir.Sum(30, [20, 21]), ir.MatVec(y0=40, rows=1, cols=2, wt0=31, x0=33, heads=None, bwd_rows=[0],
+                                          grad_x=False)]
+    ops = [ops[i] for i in order]
+    reads, counts = ir.all_slots(ops)
+    assert reads.dtype == np.int64 and reads.tolist() == [s for op in ops for s in ir.read_slots(op).tolist()]
+    assert counts.tolist() == [len(ir.read_slots(op)) for op in ops]
+    writes, counts = ir.all_slots(iter(ops), 'writes')
+    assert writes.tolist() == [s for op in ops for s in op.writes] and counts.tolist() == [len(op.writes) for op in ops]

@@ -24,14 +24,13 @@ its own values and gradients; parameters and constants are shared:
   (``place_hoisted``, compiler/invariant.py), computed there once: one row
   of values and one of gradients and contributions, at the row's indices.
 """
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from compiler.codegen.scalar import SCALAR_C
 from compiler.constants import MV_NR, MV_PW, ROW_ALIGN
-from compiler.ir import OP_CODES, OP_NAMES, MatVec, Op, ScalarArrays, Sum, unfolded
+from compiler.ir import OP_CODES, OP_NAMES, MatVec, Op, ScalarArrays, Sum, all_slots, unfolded
 
 # Scalar parameter uses per row that a program may record; above this the
 # contributions would cost more memory than threads gain, and the program
@@ -287,9 +286,7 @@ def _scalar_param_uses(program, flags, part):
         slots.append(x[hit])
     # the Sums' terms (thousands of Sums: their terms as one array)
     sums = [(position, op) for position, op in part.lifted if type(op) is Sum and position < n_grad and flags[op.out]]
-    lengths = np.fromiter((len(op.terms) for _, op in sums), dtype=np.int64, count=len(sums))
-    terms = np.fromiter(itertools.chain.from_iterable(op.terms for _, op in sums), dtype=np.int64,
-                        count=int(lengths.sum()))
+    terms, lengths = all_slots(op for _, op in sums)
     owner = np.repeat(np.arange(len(sums)), lengths)
     index = np.arange(len(terms)) - (np.cumsum(lengths) - lengths)[owner]      # the term's operand index
     hit = np.flatnonzero((terms >= p0) & (terms < p1))

@@ -11,7 +11,6 @@ A block whose weights (or parameter heads) scalar code also reads (a
 regulariser, a tied weight) gets its gradient from ``shared_grads.py``
 instead: each row's contributions in that row's backward order.
 """
-import itertools
 import math
 
 import numpy as np
@@ -20,7 +19,7 @@ from compiler.codegen.layout import PANEL, round_up
 from compiler.codegen.shared_grads import contributions, direct_grads, interleaved_grad, mixed_blocks
 from compiler.constants import (MV_BGW_MK as GROUP, MV_L1_DOUBLES as L1_DOUBLES, MV_PW as PW,  # the
                                 MV_RB_MAX as RB_MAX, MV_RCH as RCH)   # kernels' sizes, for their scratch
-from compiler.ir import MatVec, unfolded
+from compiler.ir import MatVec, all_slots, unfolded
 
 
 def reads_only_inputs(program, layout, mixed):
@@ -46,16 +45,10 @@ def row_input_runs(program, layout, direct):
     part = layout.scalar_part
     mark(part.arrays.a)
     mark(part.arrays.b)
-    listed = [(program.loss, *program.outputs)]     # (thousands of short lists: one array)
-    for _, op in part.lifted:
-        # a direct MatVec reads its weights (parameters) and x from elsewhere: only its heads here
-        if id(op) in direct:
-            listed.append(op.heads or ())
-        elif hasattr(op, 'reads_array'):
-            mark(op.reads_array())
-        else:
-            listed.append(op.reads)
-    mark(np.fromiter(itertools.chain.from_iterable(listed), dtype=np.int64))
+    # a direct MatVec reads its weights (parameters) and x from elsewhere: only its heads here
+    mark(all_slots(op for _, op in part.lifted if id(op) not in direct)[0])
+    mark([h for _, op in part.lifted if id(op) in direct for h in op.heads or ()])
+    mark([program.loss, *program.outputs])
     edges = np.flatnonzero(np.diff(np.concatenate(([0], need[:n].astype(np.int8), [0]))))
     return [[int(k), int(j - k)] for k, j in zip(edges[::2], edges[1::2])]
 
