@@ -583,7 +583,11 @@ def _schedule(g, rep_of, reads):
         j = g.producer[slots]
         return rep_of[j[j >= 0]]
     late = bool(np.any((np.maximum(dep_a, dep_b) > units) & scalar))
-    late = late or any(len(slots) and dep_units(slots).max(initial=-1) > u for u, slots in reads.items())
+    if not late and reads:          # a lifted unit reading a later one (its reads as one array)
+        counts = np.fromiter(map(len, reads.values()), dtype=np.int64, count=len(reads))
+        j = g.producer[np.concatenate(list(reads.values()))]
+        reader = np.repeat(np.fromiter(reads, dtype=np.int64, count=len(reads)), counts)[j >= 0]
+        late = bool(np.any(rep_of[j[j >= 0]] > reader))
     if not late:
         return units
     # the general case: each unit waits for the units it reads, numbered by

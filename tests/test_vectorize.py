@@ -61,6 +61,22 @@ def test_a_layer_whose_weights_are_listed_in_any_order_is_lifted_and_exact():
     assert 'MatVec' in vector_op_kinds(m.program)
 
 
+@pytest.mark.parametrize('cc', COMPILERS)
+def test_a_row_finished_by_its_own_sum_before_the_next_row_is_run_after_the_layer(cc):
+    # z[r] = (b[r] + W[r] . x) + e[r] + f[r], one row after the other: the
+    # fold splits into the layer's row and a Sum of y[r], e[r] and f[r] that
+    # the interpreter runs before the next row, and that must now wait for
+    # the whole layer (the schedule's lifted unit reading a later one)
+    def build(inputs, params):
+        x, e, f = inputs[:3], inputs[3:7], inputs[7:]
+        z = [sum((params[4 * r + c + 1] * x[c] for c in range(3)), params[4 * r]) + e[r] + f[r] for r in range(4)]
+        return sum(zr.tanh() for zr in z), z
+    rng = random.Random(5)
+    samples = [[rng.uniform(-2, 2) for _ in range(11)] for _ in range(2)]
+    m = assert_matches_interpreter(build, samples, [rng.uniform(-1, 1) for _ in range(16)], cc)
+    assert 'MatVec' in vector_op_kinds(m.program) and 'Sum' in vector_op_kinds(m.program)
+
+
 def test_a_hand_built_layer_is_recognised_too():
     # the same shape as a Layer, written by hand, with x * w operand order
     # and no bias: sum() starts from the constant 0
