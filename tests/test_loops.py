@@ -296,17 +296,23 @@ def test_a_matvec_stays_a_matvec():
     assert sum(type(op) is MatVec for op in before.ops) == sum(type(op) is MatVec for op in after.ops) > 0
 
 
-def test_places_out_of_progression_come_from_a_table():
-    class Rows:     # where each slot lives (layout.loc, v[x]): the loop's column at irregular places
+@pytest.mark.parametrize('small_cells', [0, loops_c.SMALL_CELLS])     # found by numpy, and in lists
+def test_places_out_of_progression_come_from_a_table(small_cells, monkeypatch):
+    monkeypatch.setattr(loops_c, 'SMALL_CELLS', small_cells)
+
+    class Rows:     # where each slot lives (layout.loc: v[x], or p[-1 - x] below 0): irregular places
         class layout:
             loc = np.arange(40)
         loop_places = {}
     Rows.layout.loc[12], Rows.layout.loc[13] = 30, 35
-    loop = Loop(3, (Op('exp', 20, (11,)),), ((1, 1),))
+    Rows.layout.loc[5:8] = [-1 - 7, -1 - 9, -1 - 11]       # a shared value's places, in progression
+    Rows.layout.loc_list = Rows.layout.loc.tolist()
+    loop = Loop(3, (Op('exp', 20, (11,)), Op('*', 24, (20, 5))), ((1, 1), (1, 1, 1)))
     (forward,) = loops_c.forward(loop, Rows())
     assert 'static const int at0[3] = {11, 30, 35};' in forward
-    assert 'v[20 + i] = exp(v[at0[i]]);' in forward
-    assert [str(op) for op in loop.ops()] == ['%20 = exp(%11)', '%21 = exp(%12)', '%22 = exp(%13)']
+    assert 'v[20 + i] = exp(v[at0[i]]);' in forward and 'v[24 + i] = v[20 + i] * p[7 + 2 * i];' in forward
+    assert [str(op) for op in loop.ops()] == ['%20 = exp(%11)', '%24 = *(%20, %5)', '%21 = exp(%12)',
+                                              '%25 = *(%21, %6)', '%22 = exp(%13)', '%26 = *(%22, %7)']
 
 
 @pytest.mark.parametrize('cc', [FAST_CC])

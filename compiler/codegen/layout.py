@@ -172,9 +172,9 @@ class Layout:
         loc[s:] = at + np.arange(n_slots - s, dtype=np.int64)
         self.n_row = at + n_slots - s
         self.loc = loc
-        self._loc = loc.tolist()
-        self.value = _Places(self._loc, 'v', 'p')
-        self.grad = _Places(self._loc, 'g', 'gp', no_shared_from=p1)
+        self.loc_list = loc.tolist()          # (the same, as a list: read an entry at a time)
+        self.value = _Places(self.loc_list, 'v', 'p')
+        self.grad = _Places(self.loc_list, 'g', 'gp', no_shared_from=p1)
         # the contributions of scalar code to parameter gradients, in backward order
         use_out, use_operand, use_slot = _scalar_param_uses(program, flags, self.scalar_part)
         self.recorded = len(use_out) <= MAX_RECORDED
@@ -241,10 +241,10 @@ class Layout:
         return slot < self.program.n_inputs or slot >= self.program.n_leaves
 
     def row_index(self, slot):
-        return self._loc[slot]
+        return self.loc_list[slot]
 
     def shared_index(self, slot):
-        return -1 - self._loc[slot]
+        return -1 - self.loc_list[slot]
 
     def grad_target(self, op, operand, slot):
         """Where ``op``'s contribution to the gradient of its operand number

@@ -28,6 +28,10 @@ from compiler.ir import Loop, Op, Sum, loop_slots
 # function, 0.7 s in functions of 10 to 50 loops).
 LOOPS_PER_FUNCTION = 16
 
+# A loop's slots times its iterations up to which its places are found in
+# Python lists (above: numpy, over all of them at once).
+SMALL_CELLS = 4096
+
 
 def function_runs(run):
     """``run`` (the order to run) cut into consecutive parts of at most
@@ -95,26 +99,30 @@ class _Places:
     def __init__(self, op, scalar):
         self.op, self.n, self.scalar, self.tables = op, op.n, scalar, []
         slots = [loop_slots(body) for body in op.body]
-        flat = np.array([s for body in slots for s in body], dtype=np.int64)
-        steps = np.array([d for step in op.steps for d in step], dtype=np.int64)
-        # every slot's places over the iterations at once (layout.loc: v[x] for x >= 0, else p[-1 - x])
-        loc = scalar.layout.loc[flat[:, None] + steps[:, None] * np.arange(op.n)]
-        row = loc[:, 0] >= 0
-        assert ((loc >= 0) == row[:, None]).all(), "a loop slot moves between the rows and the shared values"
-        at = np.where(row[:, None], loc, -1 - loc)
-        d = at[:, 1] - at[:, 0] if op.n > 1 else np.zeros(len(flat), dtype=np.int64)
-        even = (at == at[:, :1] + d[:, None] * np.arange(op.n)).all(axis=1)
-        places = [self._place('v' if r else 'p', a0, step, ok, k, at)
-                  for k, (r, a0, step, ok) in enumerate(zip(row.tolist(), at[:, 0].tolist(), d.tolist(),
-                                                            even.tolist()))]
+        flat = [s for body in slots for s in body]
+        steps = [d for step in op.steps for d in step]
+        if len(flat) * op.n <= SMALL_CELLS:       # (numpy's calls cost more than a small loop's work)
+            loc, n = scalar.layout.loc_list, op.n
+            cells = [[loc[s + d * i] for i in range(n)] for s, d in zip(flat, steps)]
+        else:
+            cells = scalar.layout.loc[np.array(flat, dtype=np.int64)[:, None]
+                                      + np.array(steps, dtype=np.int64)[:, None] * np.arange(op.n)].tolist()
+        # every slot's places over the iterations (layout.loc: v[x] for x >= 0, else p[-1 - x])
+        places = [self._place(places) for places in cells]
         ends = np.cumsum([len(body) for body in slots]).tolist()
         self.where = [places[e - len(body):e] for body, e in zip(slots, ends)]
 
-    def _place(self, array, first, step, even, k, at):
-        if even:
+    def _place(self, loc):
+        """The ``Place`` of a slot at the places ``loc`` (layout.loc's) of the iterations."""
+        row = loc[0] >= 0
+        assert all((x >= 0) == row for x in loc), "a loop slot moves between the rows and the shared values"
+        at = loc if row else [-1 - x for x in loc]
+        array, first = ('v' if row else 'p'), at[0]
+        step = at[1] - first if len(at) > 1 else 0
+        if all(x == first + step * i for i, x in enumerate(at)):
             return Place(array, first, step, '')
         name = f'at{len(self.tables)}'
-        self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at[k].tolist()))}}};')
+        self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at))}}};')
         return Place(array, None, 0, f'{array}[{name}[i]]')
 
     def value(self, j, k):
