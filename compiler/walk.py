@@ -58,8 +58,9 @@ def loaded_walker():
 def native_loops(n_ops):
     """The C module for the loops of ``compiler.ir``'s analyses over a
     program of ``n_ops`` ops: for programs as large as the C walk reads
-    (it is loaded anyway then), else None (their Python loops)."""
-    return native_walker() if n_ops >= NATIVE_MIN_OPS else None
+    (it is loaded anyway then), and for any program once this process has
+    loaded it; else None (their Python loops)."""
+    return native_walker() if n_ops >= NATIVE_MIN_OPS else loaded_walker()
 
 
 def problem():

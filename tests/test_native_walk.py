@@ -161,12 +161,16 @@ def test_once_the_c_walk_is_loaded_it_walks_small_graphs_too(monkeypatch, walker
     """With the C walk loaded in this process, the default walks a small
     graph in C at once (no Python walk of its first Values, no build, and
     ``on_large`` is not told): the same program."""
-    calls = []
+    calls, loops = [], set()
 
     class Spy:
         def walk(self, *args):
             calls.append(len(args))
             return walker.walk(*args)
+
+        def __getattr__(self, name):       # the analyses' loops: in C too
+            loops.add(name)
+            return getattr(walker, name)
     assert walk.loaded_walker() is walker
     graph = shared_graph(2, n_ops=300)
     small = outcome(graph, False)
@@ -174,6 +178,7 @@ def test_once_the_c_walk_is_loaded_it_walks_small_graphs_too(monkeypatch, walker
     monkeypatch.setattr(walk, 'loaded_walker', lambda: Spy())
     assert outcome(graph, None) == small
     assert calls == [10]
+    assert 'hex_repr' in loops      # graph_hash's text, as for a large graph
     told = []
     trace_graph(*graph, on_large=lambda: told.append(1))
     assert calls == [10, 10] and told == []
