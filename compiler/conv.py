@@ -119,11 +119,9 @@ def _rows(g):
     sums = [(i, op) for i, op in g.lifted.items() if type(op) is Sum and i < g.cone and len(op.terms) >= 2]
     rows = []
     if sums:
-        terms, lengths = all_slots(op for _, op in sums)
-        starts = np.cumsum(lengths) - lengths
-        heads = terms[starts]
-        flat = np.delete(terms, starts)
-        lengths -= 1
+        terms, counts = all_slots(op for _, op in sums)
+        head_at = np.cumsum(counts) - counts
+        heads, flat, lengths = terms[head_at], np.delete(terms, head_at), counts - 1
         ok, pos, w, x = _products(g, flat)
         starts = np.cumsum(lengths) - lengths
         row_ok = np.logical_and.reduceat(ok, starts) & g.is_param(heads)

@@ -586,8 +586,9 @@ def _schedule(g, rep_of, reads):
     if not late and reads:          # a lifted unit reading a later one (its reads as one array)
         counts = np.fromiter(map(len, reads.values()), dtype=np.int64, count=len(reads))
         j = g.producer[np.concatenate(list(reads.values()))]
-        reader = np.repeat(np.fromiter(reads, dtype=np.int64, count=len(reads)), counts)[j >= 0]
-        late = bool(np.any(rep_of[j[j >= 0]] > reader))
+        known = j >= 0                  # (a leaf has no unit)
+        reader = np.repeat(np.fromiter(reads, dtype=np.int64, count=len(reads)), counts)
+        late = bool(np.any(rep_of[j[known]] > reader[known]))
     if not late:
         return units
     # the general case: each unit waits for the units it reads, numbered by

@@ -101,14 +101,14 @@ class _Places:
         slots = [loop_slots(body) for body in op.body]
         flat = [s for body in slots for s in body]
         steps = [d for step in op.steps for d in step]
+        # every slot's places over the iterations (layout.loc: v[x] for x >= 0, else p[-1 - x])
         if len(flat) * op.n <= SMALL_CELLS:       # (numpy's calls cost more than a small loop's work)
             loc, n = scalar.layout.loc_list, op.n
             cells = [[loc[s + d * i] for i in range(n)] for s, d in zip(flat, steps)]
         else:
             cells = scalar.layout.loc[np.array(flat, dtype=np.int64)[:, None]
                                       + np.array(steps, dtype=np.int64)[:, None] * np.arange(op.n)].tolist()
-        # every slot's places over the iterations (layout.loc: v[x] for x >= 0, else p[-1 - x])
-        places = [self._place(places) for places in cells]
+        places = list(map(self._place, cells))
         ends = np.cumsum([len(body) for body in slots]).tolist()
         self.where = [places[e - len(body):e] for body, e in zip(slots, ends)]
 
