@@ -1,5 +1,6 @@
 """Matrices applied at several positions (shared weights) and sequences of
 per-position losses: lifted, and bit for bit the interpreter's."""
+import os
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ import micrograd
 from compiler.ir import MatMat, MatVec, prefixes_hold
 from micrograd import Value, cross_entropy
 
-from tests.differential import COMPILERS, FAST_CC, assert_matches_interpreter, needs_cc, same
+from tests.differential import COMPILERS, FAST_CC, assert_matches_interpreter, needs_cc, same, split_flags
 
 pytestmark = needs_cc
 
@@ -181,6 +182,37 @@ def test_a_sequence_trains_with_adam_as_the_interpreter_does():
         assert same(got, loss.data), step
         opt.reference_step(p, [v.grad for v in ref], state, lr)
         assert m.params().tolist() == p, step
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="zeroing beside the forward needs a second CPU")
+@pytest.mark.parametrize('cc', [cc for cc in COMPILERS if cc != 'tcc'])   # tcc's helpers sleep: never beside
+def test_gradients_zeroed_beside_the_forward_are_those_zeroed_by_the_backward(cc):
+    """On two threads, a helper zeroes the gradients a row's backward adds
+    into while its forward runs. Whatever the order of calls (a second
+    backward, a second forward before the backward, a shorter one), the
+    gradients are those of one thread, which zeroes them in the backward."""
+    build, params = tiny_lm(seed=2)
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    two, one = (compiler.compile(losses, inputs, params, logits, cc=cc, flags=split_flags(cc), threads=t)
+                for t in (2, 1))
+    rng = random.Random(11)
+    rows = [one_hot_rows(rng, T) for _ in range(3)]
+    calls = [('input', 0), ('forward', T), ('backward',), ('backward',), ('forward', 2), ('forward', 4),
+             ('backward',), ('input', 1), ('forward', 3), ('backward',), ('zero_grad',), ('input', 2),
+             ('forward', 1), ('forward', T), ('backward',)]
+    for k, (name, *args) in enumerate(calls):
+        for m in (two, one):
+            if name == 'input':
+                m.set_input(rows[args[0]])
+            else:
+                getattr(m, name)(*args)
+        if name == 'backward':
+            assert two.grads().tobytes() == one.grads().tobytes(), (k, calls[:k + 1])
+    b2, _ = tiny_lm(seed=2)        # the last forward and backward, on the interpreter
+    loss = (1 / T) * sum(b2(T, [Value(x) for x in rows[2]])[0])
+    loss.backward()
+    assert two.grads().tolist() == [p.grad for p in _params_of(b2)]
 
 
 def test_forward_n_is_checked():

@@ -130,13 +130,51 @@ nn_set_input(void *state, const double *x)
     st->forward_done = 0;
 }
 
+/* Zeroes what a backward over the row's first `upto` positions adds into:
+ * the gradients of the values computed there, and the contributions (the
+ * others are read by no one; the inputs' gradients accumulate). */
+static void
+clear_row_grads(NNState *st, int upto)
+{
+    const int end = POSITIONS > 0 ? GRAD_ZERO[upto] : ROW_VALUES;
+    memset(st->one_g + N_INPUTS, 0, sizeof(double) * (end - N_INPUTS));
+    memset(st->one_g + ROW_VALUES, 0, sizeof(double) * (ROW_STRIDE - ROW_VALUES));
+}
+
+/* A row's gradients of at least this many doubles are zeroed on a helper
+ * while the forward runs (about 10 us of memset; dealing out the job costs
+ * a few. The tests' -DMICROGRAD_MIN_WORK_PER_THREAD=0 deals out any). */
+#define MIN_CLEAR_BESIDE (MIN_WORK_PER_THREAD > 0 ? 32768 : 0)
+
+typedef struct {
+    NNState *st;
+    const Block *b;
+    int clear;                /* clear_row_grads too, on the last part */
+} ForwardJob;
+
+/* The forward on the caller; the backward's zeroing on a helper meanwhile
+ * (or after it, when the pool had no helper to give). */
+static void
+forward_job(void *ctx, int part, int parts)
+{
+    const ForwardJob *j = (const ForwardJob *)ctx;
+    if (part == 0)
+        forward_rows(j->b, 0, 1, SCRATCH_OF(j->st, 0));
+    if (j->clear && part == parts - 1)
+        clear_row_grads(j->st, j->b->upto);
+}
+
 NN_API double
 nn_forward(void *state, int n)
 {
     NNState *st = (NNState *)state;
     Block b = block_of(st, st->one_v, st->one_g);
     b.upto = n >= 1 && n <= POSITIONS ? n : POSITIONS;
-    forward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
+    const int beside = ROW_STRIDE - N_INPUTS >= MIN_CLEAR_BESIDE && threads_for(st, 1, 0) > 1 &&
+                       pool_spins_for(&st->pool, 2);
+    ForwardJob job = {st, &b, beside};
+    pool_run(&st->pool, forward_job, &job, beside ? 2 : 1);
+    st->grads_clear = beside;
     st->forward_done = 1;
     st->upto = b.upto;
     return LOSS_OF(st->one_v, st->p);
@@ -175,12 +213,9 @@ nn_backward(void *state)
     Block b = block_of(st, st->one_v, st->one_g);
     b.input_grads = 1;
     b.upto = st->upto;
-    /* the inputs' gradients accumulate, like the parameters'; the rest start
-     * at 0: the ones of the positions run (all of them but in a sequence) and
-     * the contributions (the others are read by no one) */
-    const int end = POSITIONS > 0 ? GRAD_ZERO[b.upto] : ROW_VALUES;
-    memset(st->one_g + N_INPUTS, 0, sizeof(double) * (end - N_INPUTS));
-    memset(st->one_g + ROW_VALUES, 0, sizeof(double) * (ROW_STRIDE - ROW_VALUES));
+    if (!st->grads_clear)
+        clear_row_grads(st, b.upto);
+    st->grads_clear = 0;
     backward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
     RowJob job = {st, &b};
     pool_run(&st->pool, param_grads_job, &job, T);

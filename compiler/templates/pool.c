@@ -218,6 +218,15 @@ pool_poke(Pool *pl)
     pthread_mutex_unlock(&pl->mu);
 }
 
+/* Whether the helpers of a job for T threads spin for it (rather than
+ * sleep): then a job of a few microseconds is worth dealing out. Not with
+ * tcc (no spinning), nor with more threads than CPUs. */
+static int
+pool_spins_for(const Pool *pl, int T)
+{
+    return POOL_SPINS > 0 && T <= pl->cpus;
+}
+
 /* Stop and join the helpers; free the helper array. */
 static void
 pool_stop(Pool *pl)
@@ -241,4 +250,5 @@ static void pool_run(Pool *pl, Job job, void *ctx, int T) { (void)pl; (void)T; j
 static void pool_barrier(Pool *pl, int T) { (void)pl; (void)T; }
 static void pool_poke(Pool *pl) { (void)pl; }
 static void pool_stop(Pool *pl) { (void)pl; }
+static int pool_spins_for(const Pool *pl, int T) { (void)pl; (void)T; return 0; }
 #endif

@@ -66,6 +66,7 @@ static void pool_init(Pool *pl);
 static void pool_run(Pool *pl, Job job, void *ctx, int T);
 static void pool_barrier(Pool *pl, int T);
 static void pool_poke(Pool *pl);
+static int pool_spins_for(const Pool *pl, int T);
 static void pool_stop(Pool *pl);
 
 /* ---- the state ------------------------------------------------------------ */
@@ -84,6 +85,8 @@ typedef struct NNState {
     int threads;              /* what nn_set_threads() asked for */
     int forward_done;         /* nn_backward() needs the values of an nn_forward() */
     int upto;                 /* the positions of the last nn_forward() (a sequence) */
+    int grads_clear;          /* one_g's gradients are 0 where nn_backward adds (zeroed beside
+                               * the nn_forward(): core.c) */
     const MatVecKernels *kernels;   /* the MatVec loops for this CPU (NULL: none) */
     int vector_level;         /* the optimizer's loops: vector_level() at nn_init */
     Pool pool;
