@@ -115,11 +115,11 @@ class _Places:
     def _place(self, loc):
         """The ``Place`` of a slot at the places ``loc`` (layout.loc's) of the iterations."""
         row = loc[0] >= 0
-        assert all((x >= 0) == row for x in loc), "a loop slot moves between the rows and the shared values"
+        assert (min(loc) >= 0) if row else (max(loc) < 0), "a loop slot moves between the rows and the shared values"
         at = loc if row else [-1 - x for x in loc]
-        array, first = ('v' if row else 'p'), at[0]
-        step = at[1] - first if len(at) > 1 else 0
-        if all(x == first + step * i for i, x in enumerate(at)):
+        array, first, n = ('v' if row else 'p'), at[0], len(at)
+        step = at[1] - first if n > 1 else 0
+        if at == (list(range(first, first + step * n, step)) if step else [first] * n):
             return Place(array, first, step, '')
         name = f'at{len(self.tables)}'
         self.tables.append(f'static const int {name}[{self.n}] = {{{", ".join(map(str, at))}}};')
