@@ -66,25 +66,36 @@ def _segments(columns, ok=None):
     progression (``k_steps``: one per column), with ``ok`` true for each;
     and single terms between them (``count`` 1)."""
     n = len(columns[0])
+    ends = [_run_ends(col) for col in columns]
     out, j = [], 0
-
-    def extends(col, j, end, d):
-        p, q = col[j], col[end]
-        return q.base is not None and q.array == p.array and q.step == p.step and q.base == p.base + d * (end - j)
     while j < n:
-        end = j + 1
-        if j + 1 < n and all(c[j].base is not None and c[j + 1].base is not None for c in columns) \
-                and (ok is None or ok[j]):
-            steps = [c[j + 1].base - c[j].base for c in columns]
-            while end < n and all(extends(c, j, end, d) for c, d in zip(columns, steps)) and (ok is None or ok[end]):
-                end += 1
-            if end - j >= MIN_RUN:
-                out.append((j, end - j, steps))
-                j = end
-                continue
-        out.append((j, 1, None))
-        j += 1
+        end = min(e[j] for e in ends)
+        if ok is not None:
+            end = j + 1 if not ok[j] else next((t for t in range(j + 1, end) if not ok[t]), end)
+        if end - j >= MIN_RUN:
+            out.append((j, end - j, [c[j + 1].base - c[j].base for c in columns]))
+            j = end
+        else:
+            out.append((j, 1, None))
+            j += 1
     return out
+
+
+def _run_ends(col):
+    """For each term j of a column of places, the end of the longest run
+    from j whose places go on as j's and j + 1's do: one array, one step,
+    the base moving by the same amount (j + 1 where j has no such next)."""
+    n = len(col)
+    diff = [None] * n           # j to j + 1: the base's move, None where no run goes on
+    for t in range(n - 1):
+        p, q = col[t], col[t + 1]
+        if p.base is not None and q.base is not None and p.array == q.array and p.step == q.step:
+            diff[t] = q.base - p.base
+    ends = list(range(1, n + 1))
+    for t in range(n - 2, -1, -1):
+        if diff[t] is not None:
+            ends[t] = ends[t + 1] if diff[t + 1] == diff[t] else t + 2
+    return ends
 
 
 def _fold_forward(out, head, columns, term):
