@@ -8,7 +8,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compiler
-import micrograd
 from compiler.ir import MatMat, MatVec, prefixes_hold
 from micrograd import Value, cross_entropy
 
