@@ -578,17 +578,14 @@ def _schedule(g, rep_of, reads):
     units = np.flatnonzero(rep_of == np.arange(g.cone))
     scalar = ~np.isin(units, np.fromiter(reads, dtype=np.int64, count=len(reads)))
     dep_a, dep_b = _operand_units(g, rep_of, units)     # (a lifted unit's: those of its last op)
-
-    def dep_units(slots):
-        j = g.producer[slots]
-        return rep_of[j[j >= 0]]
     late = bool(np.any((np.maximum(dep_a, dep_b) > units) & scalar))
-    if not late and reads:          # a lifted unit reading a later one (its reads as one array)
+    if reads:       # each lifted unit's reads, as one array: the units they read, and the reader
         counts = np.fromiter(map(len, reads.values()), dtype=np.int64, count=len(reads))
         j = g.producer[np.concatenate(list(reads.values()))]
         known = j >= 0                  # (a leaf has no unit)
-        reader = np.repeat(np.fromiter(reads, dtype=np.int64, count=len(reads)), counts)
-        late = bool(np.any(rep_of[j[known]] > reader[known]))
+        read_unit = rep_of[j[known]]
+        reader = np.repeat(np.fromiter(reads, dtype=np.int64, count=len(reads)), counts)[known]
+        late = late or bool(np.any(read_unit > reader))
     if not late:
         return units
     # the general case: each unit waits for the units it reads, numbered by
@@ -599,11 +596,10 @@ def _schedule(g, rep_of, reads):
     dep = np.r_[dep_a, dep_b]
     keep = (dep >= 0) & np.r_[scalar, scalar]
     nodes, deps = [node[keep]], [dep[keep]]
-    for u, slots in reads.items():
-        d = np.unique(dep_units(slots))
-        d = d[d != u]
-        nodes.append(np.full(len(d), u, dtype=np.int64))
-        deps.append(d)
+    if reads:       # each lifted unit waits once for each other unit it reads
+        pair = np.unique((reader * g.cone + read_unit)[read_unit != reader])
+        nodes.append(pair // g.cone)
+        deps.append(pair % g.cone)
     node, dep = at[np.concatenate(nodes)], at[np.concatenate(deps)]
     by_node = np.argsort(node, kind='stable')
     ptr = np.r_[0, np.cumsum(np.bincount(node, minlength=len(units)))]
