@@ -75,6 +75,11 @@ class MatMatRenderer:
         first = [key(h) for h in uses[0].heads]
         return all([key(h) for h in u.heads] == first for u in uses[1:])
 
+    def inside(self):
+        """The ids of the uses that the ``MatMat`` ops running as one run in
+        their own calls (the uses' own wrappers are never called)."""
+        return {id(u) for op in self.ops if self.plan[id(op)] is not None for u in op.uses}
+
     def functions(self):
         """The C wrappers of every ``MatMat`` that runs as one."""
         out = []

@@ -208,9 +208,11 @@ class MatVecRenderer:
         return (f'mv_pack_bgx(p + {self.layout.weight_base[op.wt0]}, {self.name[id(op)]}_order, '
                 f'{op.rows}, {op.cols}, {round_up(op.rows, PANEL)}, aux + {at});')
 
-    def functions(self):
-        """The C wrappers of every ``MatVec``: forward and backward over rows,
-        and the gradients of each weight block over a block's rows."""
+    def functions(self, inside=frozenset()):
+        """The C wrappers of every ``MatVec``: forward and backward over rows
+        (not for those ``inside`` a ``MatMat`` that runs as one: the ids of
+        uses its own calls run), and the gradients of each weight block over
+        a block's rows."""
         out = []
         for op in self.ops:
             if op.grad_x:
@@ -218,6 +220,8 @@ class MatVecRenderer:
                 out.append(f'static const int {self.name[id(op)]}_order[{op.rows}] = {{{order}}};   '
                            '/* the rows in backward order */')
         for op in self.ops:
+            if id(op) in inside:
+                continue
             out.append(self._forward(op))
             if id(op) in self.has_backward:
                 out.append(self._backward(op))

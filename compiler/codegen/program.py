@@ -560,7 +560,7 @@ class _Program:
         out.append(_init_constants(lay, program.constants, table=self.table is not None))
         if self.hoisted:
             out.append(shared_grads.ONCE_VECTORS_C)
-        out += self.matvecs.functions()
+        out += self.matvecs.functions(inside=self.matmats.inside())
         out += self.matmats.functions()
         out += self.convs.functions()
         once = self._once()
