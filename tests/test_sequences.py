@@ -2,6 +2,7 @@
 per-position losses: lifted, and bit for bit the interpreter's."""
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -267,6 +268,21 @@ def test_a_sequence_with_outputs_its_losses_do_not_use_is_refused():
         compiler.compile([first, second], x, [w], [aside], cc=FAST_CC)
     with pytest.raises(compiler.TraceError, match='empty'):
         compiler.compile([], x, [w], cc=FAST_CC)
+
+
+def test_every_matrix_wrapper_written_is_called():
+    """A use that its MatMat runs in its own calls has no wrapper of its own
+    written (it would be dead C for the compiler to parse), and every wrapper
+    written is called."""
+    build, params = tiny_lm()
+    inputs = [Value(0.0) for _ in range(2 * T * V)]
+    losses, logits = build(T, inputs)
+    m = compiler.compile(losses, inputs, params, logits, cc=FAST_CC)
+    assert any(type(op) is MatMat for op in m.program.ops)
+    src = m.source
+    defined = re.findall(r'^(mat(?:vec|mat)\d+_(?:forward|backward))\(', src, re.MULTILINE)
+    assert any(name.startswith('matmat') for name in defined)
+    assert [name for name in defined if len(re.findall(rf'\b{name}\(', src)) < 2] == []
 
 
 def test_the_pass_keeps_every_position_self_contained():
