@@ -6,11 +6,6 @@
 #include "state.h"
 #endif
 
-#ifndef MICROGRAD_MIN_WORK_PER_THREAD
-#define MICROGRAD_MIN_WORK_PER_THREAD 2000000.0   /* -D...=0 splits any work (the tests) */
-#endif
-#define MIN_WORK_PER_THREAD ((double)MICROGRAD_MIN_WORK_PER_THREAD)
-
 /* The index of the first inf or NaN of x[0:n], or -1. A chunk at a time,
  * by the exponent bits, without an early exit: a loop the compiler can
  * vectorise (train_batch checks each row of X just before it runs it). */

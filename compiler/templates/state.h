@@ -34,6 +34,13 @@
  * its share of the parameters), so the results are the same bits for any T. */
 typedef void (*Job)(void *ctx, int t, int T);
 
+/* The floating-point operations worth a thread of their own (batch.c,
+ * core.c); -DMICROGRAD_MIN_WORK_PER_THREAD=0 deals out any work (the tests) */
+#ifndef MICROGRAD_MIN_WORK_PER_THREAD
+#define MICROGRAD_MIN_WORK_PER_THREAD 2000000.0
+#endif
+#define MIN_WORK_PER_THREAD ((double)MICROGRAD_MIN_WORK_PER_THREAD)
+
 #ifndef NN_NO_THREADS
 /* Helper threads, started when a call first wants them (as many as it wants:
  * the array grows). */
