@@ -164,7 +164,7 @@ pool_run(Pool *pl, Job job, void *ctx, int T)
         pl->job = job;
         pl->ctx = ctx;
         pl->T = T;
-        pl->spins = T <= pl->cpus ? POOL_SPINS : POOL_SPINS_CROWDED;
+        pl->spins = pool_spins_for(pl, T) ? POOL_SPINS : POOL_SPINS_CROWDED;
         pl->running = T - 1;
         pl->waiting = 0;
         POOL_WRITE(pl->job_no, pl->job_no + 1);
@@ -219,8 +219,9 @@ pool_poke(Pool *pl)
 }
 
 /* Whether the helpers of a job for T threads spin for it (rather than
- * sleep): then a job of a few microseconds is worth dealing out. Not with
- * tcc (no spinning), nor with more threads than CPUs. */
+ * sleep; pool_run spins them less otherwise): then a job of a few
+ * microseconds is worth dealing out. Not with tcc (no spinning), nor with
+ * more threads than CPUs. */
 static int
 pool_spins_for(const Pool *pl, int T)
 {
