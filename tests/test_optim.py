@@ -86,6 +86,73 @@ def test_adams_vector_steps_stay_the_formula_when_its_bias_corrections_reach_one
     assert m.optimizer_state()[1:].tolist() == state[1] + state[2]
 
 
+def extreme_numbers(rng, n, low, high, signed=True):
+    """``n`` doubles, most of them of ordinary size and the rest at the edges
+    of the range: +-0, subnormal, and magnitudes from 2^low to 2^high."""
+    kind = rng.integers(0, 10, n)
+    x = np.where(kind < 5, 2.0 ** rng.uniform(-40, 40, n),
+                 np.where(kind < 8, 2.0 ** rng.uniform(low, high, n),
+                          np.where(kind == 8, 0.0, 2.0 ** rng.uniform(-1074, -1022, n))))
+    x = x * rng.uniform(1.0, 2.0, n)
+    return np.where(rng.random(n) < 0.5, -x, x) if signed else x
+
+
+def bits(values):
+    return np.asarray(values, dtype=np.float64).view(np.uint64).tolist()
+
+
+KERNEL_SETS = [(cc, kernels) for cc in COMPILERS for kernels in (['avx512', 'avx2', 'base'] if cc != 'tcc' else [''])]
+
+
+@pytest.mark.parametrize('cc, kernels', KERNEL_SETS)
+def test_adams_divisions_by_the_step_numbers_are_the_dividers_on_every_lane(cc, kernels, monkeypatch):
+    """The vector loops divide by the batch's divisor and by 1 - b^t with a
+    reciprocal and two FMA corrections, not the divider (optimizer.c): every
+    lane must still get the division's bits, from moments and gradients of
+    every size (+-0, subnormal, huge; with lr 1, p 0 and v tiny, a quotient's
+    last bit shows in p even near 2^-1022), on single rows and on batches, while
+    the corrections are below 1 and at 1 (b1 = 0.5 reaches 1 at step 54),
+    and where 1 - b1 is too small for them (b1 = 1 - 2^-24: the divider)."""
+    monkeypatch.setenv('MICROGRAD_KERNELS', kernels)
+    n, rng = 203, np.random.default_rng(11)
+    for opt in (compiler.Adam(0.01, betas=(0.85, 0.99)), compiler.Adam(0.003, betas=(0.5, 0.999), weight_decay=0.01),
+                compiler.Adam(1.0, betas=(0.9, 0.99)), compiler.Adam(0.01, betas=(1.0 - 2.0 ** -24, 0.9))):
+        m, _ = gradient_feeder(opt, cc, n=n)
+        for k, t in enumerate([0, 1, 2, 7, 60, 0, 3, 400]):
+            rows = 1 + k % 3
+            p, mean, var = (extreme_numbers(rng, n, -1074, 600), extreme_numbers(rng, n, -1074, 600),
+                            extreme_numbers(rng, n, -1074, 1000, signed=False))
+            X = np.array([extreme_numbers(rng, n, -1074, 600) for _ in range(rows)])
+            # the first 40: where a tiny quotient shows in p: p, m and v tiny or 0 (p and m
+            # also -0), gradients of a few subnormal steps below 0 (so m may stay -0)
+            tiny = slice(0, 40)
+            p[tiny] = rng.choice([-0.0, 0.0, -0.0, 0.0, -2.0 ** -1040, 2.0 ** -1030], 40)
+            mean[tiny] = rng.choice([-0.0, 0.0, -2.0 ** -1070, 2.0 ** -1050, 2.0 ** -1000], 40)
+            mean[tiny] *= np.where(mean[tiny] == 0.0, 1.0, rng.uniform(1.0, 2.0, 40))
+            mean[tiny][::3] = rng.uniform(-2.0, 2.0, 14) * 2.0 ** -1022     # 2^-1042..2^-1002: wrong there without the guard
+            var[tiny] = rng.choice([0.0, 2.0 ** -1074, 2.0 ** -1060, 2.0 ** -1030], 40)
+            X[:, tiny] = -2.0 ** -1074 * rng.integers(1, 4, (rows, 40))
+            m.set_params(p)
+            state = [float(t), mean.tolist(), var.tolist()]
+            m.set_optimizer_state([state[0]] + state[1] + state[2])
+            p = m.params().tolist()
+            if rows == 1:
+                m.zero_grad()
+                m.set_input(X[0])
+                m.forward()
+                m.backward()
+                g = m.grads().tolist()
+                assert bits(g) == bits(X[0] + 0.0)
+                m.step()
+            else:
+                m.train_batch(X)
+                g = [float(sum(X[r, j] for r in range(rows))) / rows for j in range(n)]
+            opt.reference_step(p, g, state)
+            assert np.isfinite(p).all()
+            assert bits(m.params()) == bits(p), (opt, t, rows)
+            assert bits(m.optimizer_state()) == bits([state[0]] + state[1] + state[2]), (opt, t, rows)
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize('opt', OPTIMIZERS, ids=repr)
 def test_a_hundred_steps_stay_within_1e_12_of_torch(opt):
