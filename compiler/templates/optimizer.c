@@ -128,50 +128,49 @@ ADAM_VECTOR_LOOP(adam_avx, "avx", 4)
 ADAM_VECTOR_TYPE(adam_fma, "avx2,fma", 4, _mm256_sqrt_pd, __m256d)
 ADAM_VECTOR_TYPE(adam_avx512, "avx512f", 8, _mm512_sqrt_pd, __m512d)
 
-/* x / d.c by the FMA steps above: 4 lanes */
-__attribute__((target("avx2,fma"))) static inline adam_fma_v
-adam_fma_over(adam_fma_v xv, AdamDivisor d)
+/* The quotient q of x by c from the FMA steps, given the sign of x, and in
+ * the lanes the steps may not take (see above) the divider's: 4 lanes ... */
+__attribute__((target("avx2,fma"))) static inline __m256d
+adam_fma_fix(__m256d x, __m256d c, __m256d q)
 {
-    if (d.c == 1.0)
-        return xv;
-    if (d.y == 0.0)
-        return xv / d.c;
-    const __m256d x = (__m256d)xv, c = _mm256_set1_pd(d.c), y = _mm256_set1_pd(d.y);
     const __m256d sign = _mm256_set1_pd(-0.0), a = _mm256_andnot_pd(sign, x);
-    __m256d q = _mm256_mul_pd(x, y);
-    q = _mm256_fmadd_pd(_mm256_fnmadd_pd(c, q, x), y, q);
-    q = _mm256_fmadd_pd(_mm256_fnmadd_pd(c, q, x), y, q);
     q = _mm256_or_pd(q, _mm256_and_pd(sign, x));
     const __m256d ok = _mm256_and_pd(_mm256_or_pd(_mm256_cmp_pd(a, _mm256_set1_pd(0x1p-900), _CMP_GE_OQ),
                                                   _mm256_cmp_pd(a, _mm256_setzero_pd(), _CMP_EQ_OQ)),
                                      _mm256_cmp_pd(a, _mm256_set1_pd(0x1p900), _CMP_LT_OQ));
-    if (_mm256_movemask_pd(ok) != 0xf)
-        q = _mm256_blendv_pd(_mm256_div_pd(x, c), q, ok);
-    return (adam_fma_v)q;
+    return _mm256_movemask_pd(ok) == 0xf ? q : _mm256_blendv_pd(_mm256_div_pd(x, c), q, ok);
 }
 
 /* ... 8 lanes */
-__attribute__((target("avx512f"))) static inline adam_avx512_v
-adam_avx512_over(adam_avx512_v xv, AdamDivisor d)
+__attribute__((target("avx512f"))) static inline __m512d
+adam_avx512_fix(__m512d x, __m512d c, __m512d q)
 {
-    if (d.c == 1.0)
-        return xv;
-    if (d.y == 0.0)
-        return xv / d.c;
-    const __m512d x = (__m512d)xv, c = _mm512_set1_pd(d.c), y = _mm512_set1_pd(d.y);
     const __m512d a = _mm512_abs_pd(x);
-    __m512d q = _mm512_mul_pd(x, y);
-    q = _mm512_fmadd_pd(_mm512_fnmadd_pd(c, q, x), y, q);
-    q = _mm512_fmadd_pd(_mm512_fnmadd_pd(c, q, x), y, q);
     q = _mm512_castsi512_pd(_mm512_or_si512(_mm512_castpd_si512(q),
                                             _mm512_and_si512(_mm512_castpd_si512(x), _mm512_set1_epi64(INT64_MIN))));
     const __mmask8 ok = (_mm512_cmp_pd_mask(a, _mm512_set1_pd(0x1p-900), _CMP_GE_OQ) |
                          _mm512_cmp_pd_mask(a, _mm512_setzero_pd(), _CMP_EQ_OQ)) &
                         _mm512_cmp_pd_mask(a, _mm512_set1_pd(0x1p900), _CMP_LT_OQ);
-    if (ok != 0xff)
-        q = _mm512_mask_blend_pd(ok, _mm512_div_pd(x, c), q);
-    return (adam_avx512_v)q;
+    return ok == 0xff ? q : _mm512_mask_blend_pd(ok, _mm512_div_pd(x, c), q);
 }
+
+/* x / d.c by the FMA steps above (MM: the intrinsics' prefix) */
+#define ADAM_FMA_OVER(NAME, TARGET, MM, VTYPE)                                             \
+    __attribute__((target(TARGET))) static inline NAME##_v                                 \
+    NAME##_over(NAME##_v xv, AdamDivisor d)                                                \
+    {                                                                                      \
+        if (d.c == 1.0)                                                                    \
+            return xv;                                                                     \
+        if (d.y == 0.0)                                                                    \
+            return xv / d.c;                                                               \
+        const VTYPE x = (VTYPE)xv, c = MM##_set1_pd(d.c), y = MM##_set1_pd(d.y);           \
+        VTYPE q = MM##_mul_pd(x, y);                                                       \
+        q = MM##_fmadd_pd(MM##_fnmadd_pd(c, q, x), y, q);                                  \
+        q = MM##_fmadd_pd(MM##_fnmadd_pd(c, q, x), y, q);                                  \
+        return (NAME##_v)NAME##_fix(x, c, q);                                              \
+    }
+ADAM_FMA_OVER(adam_fma, "avx2,fma", _mm256, __m256d)
+ADAM_FMA_OVER(adam_avx512, "avx512f", _mm512, __m512d)
 ADAM_VECTOR_LOOP(adam_fma, "avx2,fma", 4)
 ADAM_VECTOR_LOOP(adam_avx512, "avx512f", 8)
 #else
