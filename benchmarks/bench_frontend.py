@@ -33,7 +33,7 @@ from micrograd import Value                          # noqa: E402
 import compiler                                      # noqa: E402
 from compiler import walk                            # noqa: E402
 from compiler.codegen import emit_module             # noqa: E402
-from compiler.pages import small_pages               # noqa: E402
+from compiler.pages import heap_memory, small_pages  # noqa: E402
 from compiler.trace import trace_graph               # noqa: E402
 from compiler.passes import run_passes           # noqa: E402
 from bench_machine import cold_cache             # noqa: E402
@@ -99,7 +99,7 @@ def measure(build):
     was = gc.isenabled()
     gc.disable()
     try:
-        with small_pages():         # as compile() runs them
+        with small_pages(), heap_memory():      # as compile() runs them
             t0 = time.perf_counter()
             program, _, _ = trace_graph(loss, inputs, params, outputs)
             t1 = time.perf_counter()

@@ -21,7 +21,7 @@ from compiler.build import (BuildError, CacheError, CompileError, CompilerNotFou
 from compiler.build.process import usable_cores
 from compiler.codegen import Source, emit_module, kernels_unit
 from compiler.ir import MatVec, Op, Program, Sum, inputs_used
-from compiler.pages import small_pages
+from compiler.pages import heap_memory, small_pages
 from compiler.load import load_module
 from compiler.export import ExportError
 from compiler.model import CompiledModel, load, resolve_threads
@@ -78,7 +78,7 @@ def compile(loss, inputs=(), params=(), outputs=(), cc=None, flags=None, opt=Non
         if vectorize and not ahead:
             ahead.append(_kernels_ahead(cc=cc, opt=opt, flags=flags, native=native, timeout=timeout,
                                         include_dir=include_dir))
-    with gc_paused(), small_pages():
+    with gc_paused(), small_pages(), heap_memory():
         t0 = time.perf_counter()
         program, _, undeclared = trace_graph(loss, inputs, params, outputs, constants, input_grads,
                                              on_large=kernels_ahead)

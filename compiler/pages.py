@@ -1,4 +1,5 @@
-"""The front end's arrays on ordinary pages, not transparent huge pages.
+"""The front end's arrays: on ordinary pages, not transparent huge pages, and
+on pages malloc has already.
 
 numpy asks the kernel for huge pages (``madvise(MADV_HUGEPAGE)``) for every
 array of 4 MB or more. The front end makes and drops many arrays of one
@@ -11,8 +12,23 @@ Xeon VM (model 167, KVM): one such array's first fill 0.19 s with the hint,
 6.50-6.63 s without (kernel time 2.6-3.1 -> 2.0 s). ``small_pages()`` turns
 the hint off while the front end runs and puts numpy's setting back after;
 the arrays the compiled model keeps are unaffected.
+
+Those arrays are fresh memory for another reason too: glibc's malloc maps
+every block above its mmap threshold (128 KB, rising with the blocks freed
+to at most 32 MB) anew and unmaps it on free, and trims the top of its heap
+as soon as more than twice that lies free there, so the passes' arrays
+fault in and zero their pages again and again (1.5 of microgpt 64/4/4's
+2.7 s of passes were the kernel's, on the Intel Xeon VM). ``heap_memory()``
+has malloc serve every block from its heap and keep what is freed while
+the front end runs, so that the passes reuse the pages the trace's arrays
+were given: 64/4/4's passes 2.4-3.1 -> 1.4 s there. After, malloc is left
+as its dynamic threshold leaves it after any free of a block of 32 MB or
+more (mmap above 32 MB, trim above 64 MB), and ``malloc_trim(0)`` hands
+what the front end freed back to the kernel.
 """
 import contextlib
+import ctypes
+import os
 import threading
 
 import numpy as np
@@ -56,3 +72,60 @@ def small_pages():
             _depth -= 1
             if _depth == 0:
                 _set_hint(_saved)
+
+
+# mallopt's parameters (glibc's malloc.h) and what heap_memory() sets them to
+# inside and after.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_INSIDE = ((_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, (1 << 31) - 1))
+_AFTER = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 64 << 20))
+# The user's own settings of those, which heap_memory() then leaves alone.
+_MALLOC_ENV = ('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_', 'MALLOC_MMAP_MAX_')
+
+
+def _glibc_malloc():
+    """glibc's ``(mallopt, malloc_trim)``, or None under another C library."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version       # glibc's alone
+        return libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc = _glibc_malloc()
+_heap_depth = 0
+
+
+def user_tuned_malloc():
+    """Whether ``$MALLOC_*`` or ``$GLIBC_TUNABLES`` tune glibc's malloc."""
+    return (any(name in os.environ for name in _MALLOC_ENV)
+            or 'glibc.malloc.' in os.environ.get('GLIBC_TUNABLES', ''))
+
+
+@contextlib.contextmanager
+def heap_memory():
+    """Inside: malloc (glibc's) serves every block below 1 GB from its heap
+    and keeps what is freed there, for the next blocks. Nothing changes
+    under another C library, or where the user tunes malloc
+    (``user_tuned_malloc()``). Nests, across threads too; the last to leave
+    sets malloc as the module's docstring says and trims the heap."""
+    global _heap_depth
+    if _malloc is None or user_tuned_malloc():
+        yield
+        return
+    mallopt, malloc_trim = _malloc
+    with _lock:
+        _heap_depth += 1
+        if _heap_depth == 1:
+            for param, value in _INSIDE:
+                mallopt(param, value)
+    try:
+        yield
+    finally:
+        with _lock:
+            _heap_depth -= 1
+            if _heap_depth == 0:
+                for param, value in _AFTER:
+                    mallopt(param, value)
+                malloc_trim(0)

@@ -64,3 +64,50 @@ def test_final_slots_are_the_slot_fixers():
     assert final.tolist() == want
     assert final is provisional                  # in place: the walk's array, no new one
     assert _final_slots(np.arange(5), 3).tolist() == [3, 4, 5, 6, 7]   # no leaf operand at all
+
+
+needs_glibc = pytest.mark.skipif(pages._malloc is None or pages.user_tuned_malloc(),
+                                 reason="not glibc's malloc, or $MALLOC_* tunes it")
+BIG = 64 << 20          # above glibc's largest dynamic mmap threshold (32 MB)
+
+
+def on_the_heap(nbytes=BIG):
+    """Whether a new numpy block of ``nbytes`` lies in malloc's main heap
+    (below the program break), not in a mapping of its own."""
+    import ctypes
+    sbrk = ctypes.CDLL(None).sbrk
+    sbrk.restype, sbrk.argtypes = ctypes.c_void_p, [ctypes.c_long]
+    block = np.empty(nbytes, dtype=np.uint8)
+    return block.ctypes.data < sbrk(0)
+
+
+@needs_glibc
+def test_heap_memory_serves_big_blocks_from_the_heap_inside_and_maps_them_after():
+    assert not on_the_heap()
+    with pages.heap_memory():
+        assert on_the_heap()
+        with pages.heap_memory():           # nested: the inner one's end changes nothing
+            assert on_the_heap()
+        assert on_the_heap()
+    assert not on_the_heap()
+    with pytest.raises(ZeroDivisionError):
+        with pages.heap_memory():
+            1 / 0
+    assert not on_the_heap()
+    assert on_the_heap(1 << 20)             # below 32 MB: the heap, as glibc itself settles
+
+
+@needs_glibc
+def test_heap_memory_leaves_a_malloc_the_user_tuned_alone(monkeypatch):
+    monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', str(128 << 10))
+    with pages.heap_memory():
+        assert not on_the_heap()
+
+
+@needs_glibc
+def test_compile_leaves_malloc_mapping_big_blocks():
+    x, w = Value(1.5), Value(-2.0)
+    m = compiler.compile((x * w).relu(), [x], [w], cc='tcc')
+    assert not on_the_heap()
+    m.set_input([1.5])
+    assert m.forward() == 0.0
