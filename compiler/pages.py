@@ -48,8 +48,33 @@ _multiarray = _multiarray_with_hint()
 _set_hint = getattr(_multiarray, '_set_madvise_hugepage', None)
 
 _lock = threading.Lock()
-_depth = 0
-_saved = None
+
+
+class _Held:
+    """A setting held while any of its blocks runs, nested or in other
+    threads at once: ``enter()`` as the first block starts, ``leave()``
+    with what it returned as the last one ends."""
+
+    def __init__(self, enter, leave):
+        self._enter, self._leave = enter, leave
+        self._depth, self._saved = 0, None
+
+    @contextlib.contextmanager
+    def held(self):
+        with _lock:
+            self._depth += 1
+            if self._depth == 1:
+                self._saved = self._enter()
+        try:
+            yield
+        finally:
+            with _lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._leave(self._saved)
+
+
+_no_hint = _Held(lambda: _set_hint(False), _set_hint) if _set_hint else None
 
 
 @contextlib.contextmanager
@@ -57,21 +82,11 @@ def small_pages():
     """Inside: new numpy arrays without the huge-page hint. Nesting and
     threads are fine: the first to enter saves numpy's setting, the last
     to leave restores it."""
-    global _depth, _saved
-    if _set_hint is None:
+    if _no_hint is None:
         yield
         return
-    with _lock:
-        _depth += 1
-        if _depth == 1:
-            _saved = _set_hint(False)
-    try:
+    with _no_hint.held():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _set_hint(_saved)
 
 
 # mallopt's parameters (glibc's malloc.h) and what heap_memory() sets them to
@@ -94,7 +109,17 @@ def _glibc_malloc():
 
 
 _malloc = _glibc_malloc()
-_heap_depth = 0
+
+
+def _tune_malloc(settings, trim=False):
+    mallopt, malloc_trim = _malloc
+    for param, value in settings:
+        mallopt(param, value)
+    if trim:
+        malloc_trim(0)
+
+
+_kept_heap = _Held(lambda: _tune_malloc(_INSIDE), lambda _: _tune_malloc(_AFTER, trim=True)) if _malloc else None
 
 
 def user_tuned_malloc():
@@ -110,22 +135,8 @@ def heap_memory():
     under another C library, or where the user tunes malloc
     (``user_tuned_malloc()``). Nests, across threads too; the last to leave
     sets malloc as the module's docstring says and trims the heap."""
-    global _heap_depth
-    if _malloc is None or user_tuned_malloc():
+    if _kept_heap is None or user_tuned_malloc():
         yield
         return
-    mallopt, malloc_trim = _malloc
-    with _lock:
-        _heap_depth += 1
-        if _heap_depth == 1:
-            for param, value in _INSIDE:
-                mallopt(param, value)
-    try:
+    with _kept_heap.held():
         yield
-    finally:
-        with _lock:
-            _heap_depth -= 1
-            if _heap_depth == 0:
-                for param, value in _AFTER:
-                    mallopt(param, value)
-                malloc_trim(0)
