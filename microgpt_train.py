@@ -175,8 +175,9 @@ class CompiledGPT:
         n = positions_of(tokens, self.config)
         self._feed(tokens, n)
         loss = m.forward(n)
-        m.backward()
-        m.step(lr, zero_grad=True)      # zero_grad() in the step's own pass over the parameters
+        # backward() then step(lr, zero_grad=True), with each weight matrix's step
+        # begun while the rest of the backward runs (the same bits)
+        m.backward_step(lr, zero_grad=True)
         return loss
 
     def next_logits(self, tokens):

@@ -15,7 +15,7 @@ class CompiledModel:
     """A traced graph running as C. See ``compiler.compile``.
 
     The hot calls (``set_input``, ``forward``, ``backward``, ``zero_grad``,
-    ``update``, ``step``) are the generated ``nn`` module's own
+    ``update``, ``step``, ``backward_step``) are the generated ``nn`` module's own
     ``METH_FASTCALL`` functions, bound directly; the rest wrap them to return
     numpy arrays. Every vector is in the order of the lists given to
     ``compile`` (a pass may store the parameters otherwise; the module
@@ -41,6 +41,12 @@ class CompiledModel:
         self.zero_grad = module.zero_grad
         self.update = module.update
         self.step = module.step
+        # (a module exported before backward_step existed: the two calls)
+        self.backward_step = getattr(module, 'backward_step', None) or self._backward_then_step
+
+    def _backward_then_step(self, lr=None, zero_grad=False):
+        self.backward()
+        self.step(lr, zero_grad=zero_grad)
 
     @property
     def n_inputs(self):

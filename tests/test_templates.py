@@ -33,6 +33,7 @@ STUB = '''\
 #define BLOCK 4
 #define SCRATCH_BYTES 64
 #define POSITIONS 0
+#define N_PIPELINED 0
 #define RECORDED 1
 #define WORK_PER_ROW 10
 #define N_PARAM_RUNS 1

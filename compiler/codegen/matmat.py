@@ -18,10 +18,12 @@ Where the blocks are not evenly spaced, or the uses differ in what they
 share (their heads), each use runs as its own ``MatVec`` when its
 position does.
 """
+import numpy as np
+
 from compiler.codegen.layout import PANEL, round_up
 from compiler.codegen.matvec import is_strided, weight_groups
 from compiler.constants import MV_BGW_MK as GROUP
-from compiler.ir import MatMat
+from compiler.ir import MatMat, read_slots
 
 
 class MatMatRenderer:
@@ -38,6 +40,34 @@ class MatMatRenderer:
         self.weights = [op for op in self.ops if self.plan[id(op)] is not None
                         and matvecs.uses.get(op.uses[0].wt0) == list(reversed(op.uses))]
         matvecs.taken.update(op.uses[0].wt0 for op in self.weights)
+        self.pipelined = self._pipelined()
+
+    def _pipelined(self):
+        """The ``MatMat`` ops whose weights' gradient is final as soon as
+        their backward has run, and whose weights nothing after it reads:
+        those whose weights only they read (no scalar op, no other lifted
+        op, no output) and whose weight gradient adds to no head's
+        (constant heads, or heads in the rows). ``nn_backward_step`` steps
+        their weights while the rest of the backward runs
+        (templates/core.c). In the order their backwards run (the last op
+        first)."""
+        lay = self.layout
+        candidates = [op for op in self.weights if self.flags[op.uses[0].wt0]
+                      and not any(not lay.is_row(h) and self.flags[h] for u in op.uses for h in u.heads or ())]
+        if not candidates:
+            return []
+        program, mine = self.program, {id(op) for op in candidates}
+        reads = [np.asarray([program.loss, *program.outputs], dtype=np.int64)]
+        if program.arrays is not None:
+            reads += [program.arrays.a, program.arrays.b[program.arrays.b >= 0]]
+        reads += [read_slots(op) for _, op in program.lifted if id(op) not in mine]
+        count = np.bincount(np.concatenate(reads), minlength=program.n_slots)
+        kept = []
+        for op in candidates:
+            first = op.uses[0]
+            if not count[first.wt0:first.wt0 + first.rows * first.cols].any():
+                kept.append(op)
+        return kept[::-1]
 
     def _plan(self, op):
         """How ``op`` runs: ``None`` (use by use), else the row places and
@@ -139,7 +169,24 @@ class MatMatRenderer:
         return '\n'.join(lines)
 
     def weight_grad_calls(self):
-        return [f'{self.name[id(op)]}_weight_grad(b, rows, part, parts, scratch);' for op in self.weights]
+        """``param_grads``' calls: a pipelined op's gradient is made by
+        ``pipeline_grad`` instead when the backward runs as
+        ``nn_backward_step``'s (``b->pipe``)."""
+        piped = {id(op) for op in self.pipelined}
+        return [('if (b->pipe == NULL) ' if id(op) in piped else '')
+                + f'{self.name[id(op)]}_weight_grad(b, rows, part, parts, scratch);' for op in self.weights]
+
+    def pipeline_functions(self, block_of):
+        """``pipeline_grad`` (the weight gradient of pipelined op j, on one
+        row, all on the calling thread) and ``PIPELINE_BLOCK`` (each one's
+        weight block: ``block_of(wt0)``, an index into ``WEIGHT_SPANS``)."""
+        lines = ['static void\npipeline_grad(const Block *b, int j, void *scratch)\n{', '    switch (j) {']
+        for j, op in enumerate(self.pipelined):
+            lines.append(f'    case {j}: {self.name[id(op)]}_weight_grad(b, 1, 0, 1, scratch); break;')
+        lines += ['    }', '    (void)b; (void)scratch;', '}']
+        blocks = [str(block_of(op.uses[0].wt0)) for op in self.pipelined] or ['0']
+        lines.append(f'static const int PIPELINE_BLOCK[] = {{{", ".join(blocks)}}};   /* pipelined op j\'s WEIGHT_SPANS */')
+        return '\n'.join(lines)
 
     def _count(self, op):
         T = len(op.uses)
@@ -203,9 +250,11 @@ class MatMatRenderer:
         if plan is None:
             return self._each_use(op, lambda u: [self.matvecs.backward_call(u)]
                                   if id(u) in self.matvecs.has_backward else [], reverse=True)
+        ready = [f'weight_ready(b, {j});   /* its weights\' gradient may be made and stepped */'
+                 for j, o in enumerate(self.pipelined) if o is op]
         if not plan['backward']:
-            return []
-        return [f'{self.name[id(op)]}_backward(b, r0, r1, scratch);   /* backward of {self.name[id(op)]} */']
+            return ready
+        return [f'{self.name[id(op)]}_backward(b, r0, r1, scratch);   /* backward of {self.name[id(op)]} */', *ready]
 
     def _each_use(self, op, calls, reverse=False):
         steps = []

@@ -256,6 +256,7 @@ def emit_module(program, optimizer=None, initial_params=None, kernel_sets=None):
         ('BLOCK', numbers['block_rows'], 'rows run together'),
         ('SCRATCH_BYTES', numbers['scratch_bytes'], 'per thread, for the loop kernels'),
         ('POSITIONS', numbers['positions'], "a sequence's positions (0: not a sequence)"),
+        ('N_PIPELINED', numbers['pipelined'], "MatMats whose weights nn_backward_step steps during the backward"),
         ('RECORDED', numbers['recorded'], 'scalar parameter contributions recorded per row'),
         ('WORK_PER_ROW', numbers['work_per_row'], 'about this many floating-point operations'),
         ('N_PARAM_RUNS', len(runs), 'rows of PARAM_RUNS'),

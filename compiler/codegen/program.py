@@ -568,6 +568,8 @@ class _Program:
         out += self.functions.prototypes
         packs, weight_spans, other_spans = _weight_packs(self.matvecs.packs(), lay.param_span)
         out += packs
+        block_at = {span[0]: i for i, span in enumerate(weight_spans)}
+        out.append(self.matmats.pipeline_functions(lambda wt0: block_at[lay.weight_base[wt0]]))
         fixed, each = self.matvecs.refresh()
         out += ['', 'static void\ninit_aux(const double *restrict p, double *restrict aux)\n{']
         out += ['    ' + line for line in fixed]
@@ -601,7 +603,8 @@ class _Program:
                        recorded=int(lay.recorded), scratch_bytes=max(64, self.matvecs.scratch_bytes(),
                                                                 self.convs.scratch_bytes()),
                        work_per_row=max(1, work), positions=len(self.cuts),
-                       weight_spans=weight_spans, other_spans=other_spans)
+                       weight_spans=weight_spans, other_spans=other_spans,
+                       pipelined=len(self.matmats.pipelined))
         return '\n'.join(out), numbers
 
 

@@ -47,7 +47,7 @@ threads_for(const NNState *st, long rows, int training)
 static Block
 block_of(NNState *st, double *v, double *g)
 {
-    Block b = {v, g, st->p, st->gp, st->aux, st->kernels, 0, POSITIONS, v, ROW_STRIDE};
+    Block b = {v, g, st->p, st->gp, st->aux, st->kernels, 0, POSITIONS, v, ROW_STRIDE, NULL};
     return b;
 }
 

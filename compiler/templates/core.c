@@ -221,6 +221,138 @@ nn_backward(void *state)
     pool_run(&st->pool, param_grads_job, &job, T);
 }
 
+/* ---- nn_backward_step: the step of a weight block begun while the backward runs
+ *
+ * A MatMat whose weights nothing else reads gives their whole gradient in
+ * its weight gradient, which needs only its forward values and its output
+ * gradient: both final once the backward has run the MatMat's own backward
+ * (weight_ready, called right after it), and nothing after that reads its
+ * weights. So while the caller runs the rest of the backward, the helpers
+ * make that gradient, step the block and pack it, op after op; then every
+ * thread takes the blocks left, and the other parameters once the caller
+ * has made their gradients. Each number is computed by the same operations
+ * as nn_backward then nn_step: the same bits, at any thread count. */
+#if !defined(NN_NO_THREADS) && POOL_SPINS > 0 && N_PIPELINED > 0 && OPT_KIND != OPT_NONE
+#define HAVE_PIPELINE 1
+#endif
+
+typedef struct Pipeline {
+    int ready[N_PIPELINED > 0 ? N_PIPELINED : 1];   /* op j's backward has run */
+    int next;                 /* the next piece of work a thread takes (pipelined ops, then blocks) */
+    int rest;                 /* every other gradient is made */
+} Pipeline;
+
+static void
+weight_ready(const Block *b, int j)
+{
+#ifdef HAVE_PIPELINE
+    if (b->pipe != NULL)
+        POOL_WRITE(b->pipe->ready[j], 1);
+#endif
+    (void)b;
+    (void)j;
+}
+
+#ifdef HAVE_PIPELINE
+typedef struct {
+    NNState *st;
+    const Block *b;
+    OptimizerJob o;
+} BackwardStepJob;
+
+static void
+wait_set(const int *flag)
+{
+    while (!POOL_READ(*flag))
+        POOL_PAUSE();
+}
+
+/* Weight block i's step, then its packs (as optimizer_job does). */
+static void
+step_block(const OptimizerJob *o, int i)
+{
+    pack_weights(o->st->p, o->st->aux, i, step_range(o, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]));
+}
+
+static int
+block_pipelined(int i)
+{
+    for (int j = 0; j < N_PIPELINED; j++)
+        if (PIPELINE_BLOCK[j] == i)
+            return 1;
+    return 0;
+}
+
+static void
+backward_step_job(void *ctx, int part, int parts)
+{
+    const BackwardStepJob *job = (const BackwardStepJob *)ctx;
+    Pipeline *pl = job->b->pipe;
+    void *scratch = SCRATCH_OF(job->st, part);
+    if (part == 0) {
+        backward_rows(job->b, 0, 1, scratch);
+        for (int j = 0; j < N_PIPELINED; j++)      /* (each is set already: never waited for in vain) */
+            POOL_WRITE(pl->ready[j], 1);
+        param_grads(job->b, 1, 0, 1, scratch);    /* every gradient but the pipelined ops' */
+        POOL_WRITE(pl->rest, 1);
+    }
+    for (;;) {      /* the pipelined ops in the order their backwards run, then the other blocks */
+        const int k = __atomic_fetch_add(&pl->next, 1, __ATOMIC_ACQ_REL);
+        if (k >= N_PIPELINED + N_WEIGHT_BLOCKS)
+            break;
+        if (k < N_PIPELINED) {
+            wait_set(&pl->ready[k]);
+            pipeline_grad(job->b, k, scratch);
+            step_block(&job->o, PIPELINE_BLOCK[k]);
+        } else if (!block_pipelined(k - N_PIPELINED)) {
+            wait_set(&pl->rest);
+            step_block(&job->o, k - N_PIPELINED);
+        }
+    }
+    wait_set(&pl->rest);
+    long total = 0;
+    for (int i = 0; i < N_OTHER_SPANS; i++)
+        total += OTHER_SPANS[i][1] - OTHER_SPANS[i][0];
+    const long from = (total * part / parts) & ~7L, upto = part == parts - 1 ? total : (total * (part + 1) / parts) & ~7L;
+    step_other_share(&job->o, from, upto);
+}
+#endif
+
+NN_API void
+nn_backward_step(void *state, double lr, int zero)
+{
+    NNState *st = (NNState *)state;
+    if (!st->forward_done)
+        return;
+#ifdef HAVE_PIPELINE
+    const int T = st->threads;
+    if (T > 1 && pool_spins_for(&st->pool, T)) {
+        Block b = block_of(st, st->one_v, st->one_g);
+        b.input_grads = 1;
+        b.upto = st->upto;
+        if (!st->grads_clear)
+            clear_row_grads(st, b.upto);
+        st->grads_clear = 0;
+        Pipeline pl;
+        memset(&pl, 0, sizeof pl);
+        b.pipe = &pl;
+        BackwardStepJob job = {st, &b, {st, lr, 1.0, st->state[0] + 1.0, zero}};
+        pool_run(&st->pool, backward_step_job, &job, T);
+        refresh_rest(st->p, st->aux);
+        st->state[0] = job.o.t;
+        if (zero)
+            memset(st->one_g, 0, sizeof(double) * N_INPUTS);
+        st->forward_done = 0;
+        return;
+    }
+#endif
+    nn_backward(st);
+    if (zero)
+        nn_step_zero_grad(st, lr);
+    else
+        nn_step(st, lr);
+}
+
 NN_API void
 nn_zero_grad(void *state)
 {

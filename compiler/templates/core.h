@@ -37,6 +37,8 @@ NN_API void nn_zero_grad(void *state);
 NN_API void nn_update(void *state, double lr);                    /* p -= lr * grad */
 NN_API void nn_step(void *state, double lr);                      /* the compiled optimizer */
 NN_API void nn_step_zero_grad(void *state, double lr);            /* nn_step then nn_zero_grad, in one pass */
+NN_API void nn_backward_step(void *state, double lr, int zero);   /* nn_backward then nn_step (zero: _zero_grad),
+                                                                   * a weight's step begun once its gradient is made */
 /* Zero the gradients, forward and backward on every row of X [rows,
  * N_INPUTS] (in row order), one step on their mean; *mean_loss. An inf or
  * NaN anywhere in X: NN_ENONFINITE (*bad: the index of the first) and

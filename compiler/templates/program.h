@@ -21,7 +21,13 @@ typedef struct {
     int upto;                 /* a sequence: run its first `upto` positions (1..POSITIONS) */
     const double *x;          /* row r's inputs at x + r * ldx for the MatVecs that read only */
     long ldx;                 /* inputs (the caller's X itself, or the rows v) */
+    struct Pipeline *pipe;    /* nn_backward_step's (core.c), or NULL */
 } Block;
+
+/* core.c: the backward has run pipelined op j's backward (compiler/codegen/
+ * matmat.py): its weights' gradient may be made and stepped now (a no-op
+ * unless b->pipe) */
+static void weight_ready(const Block *b, int j);
 
 /* Generated for each program (after this point in nn.c), with LOSS_OF(row, p),
  * the loss of a row: */
@@ -37,8 +43,12 @@ static void refresh_rest(const double *restrict p, double *restrict aux);
 static void once_values(const double *restrict aux, double *restrict row);
 static void forward_rows(const Block *b, int r0, int r1, void *scratch);
 static void backward_rows(const Block *b, int r0, int r1, void *scratch);
-/* this part's share of the parameter gradients over a block's `rows` rows */
+/* this part's share of the parameter gradients over a block's `rows` rows
+ * (with b->pipe, all but the pipelined ops' weight gradients) */
 static void param_grads(const Block *b, int rows, int part, int parts, void *scratch);
+/* the weight gradient of pipelined op j (of N_PIPELINED) over one row, on
+ * the calling thread; PIPELINE_BLOCK[j] is its weights' block */
+static void pipeline_grad(const Block *b, int j, void *scratch);
 
 /* Where each parameter (in the user's order) is in p: runs of
  * {count, user start, user step, p start, p step}. */
