@@ -166,3 +166,41 @@ def test_a_module_built_before_backward_step_gets_the_two_calls():
                                          optimizer=fused.optimizer)
     assert older.backward_step.__name__ == '_backward_then_step'
     assert_same_steps(separate, older, seed=22, steps=4)
+
+
+@pytest.mark.parametrize('cc', [cc for cc in COMPILERS if cc != 'tcc'])
+def test_the_input_gradient_packs_a_step_leaves_behind_are_made_before_they_are_read(cc):
+    """backward_step() leaves each matrix's input-gradient packs to the next
+    forward's helper; a train_batch() (no forward first), a backward() after
+    a one-thread forward, and a forward after write_params() must each read
+    current ones: the bits of the model that only ran the separate calls."""
+    weights = init_weights(CONFIG, random.Random(23))
+    separate, fused = compile_pair(graph_of(weights), cc, 2)
+    rng = random.Random(24)
+
+    def step(m, row, n, together):
+        m.set_input(row)
+        m.forward(n)
+        if together:
+            m.backward_step(0.01, zero_grad=True)
+        else:
+            m.backward()
+            m.step(0.01, zero_grad=True)
+
+    def same():
+        for what in ('params', 'grads', 'optimizer_state'):
+            assert bits(getattr(separate, what)()) == bits(getattr(fused, what)()), what
+    rows = [(one_hot_row(random_tokens(rng, CONFIG.block_size)), CONFIG.block_size) for _ in range(4)]
+    for row, n in rows[:2]:
+        step(separate, row, n, False)
+        step(fused, row, n, True)
+    X = np.array([row for row, _ in rows])
+    assert bits(separate.train_batch(X, 0.01)) == bits(fused.train_batch(X, 0.01))
+    same()
+    step(separate, *rows[2], False)
+    step(fused, *rows[2], True)
+    for m in (separate, fused):
+        m.threads = 1
+        step(m, *rows[3], False)
+        m.threads = 2
+    same()

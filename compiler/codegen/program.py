@@ -128,15 +128,21 @@ def _weight_packs(blocks, param_span):
         if at < lo:
             others.append((at, lo))
         at = hi
-    out = ['/* the packed copies of weight block i (WEIGHT_SPANS[i], heaviest first) from its part of p alone;',
-           ' * finite: whether all of that part is finite (1 or 0; -1 not known: checked here) */',
-           'static void\npack_weights(const double *restrict p, double *restrict aux, int i, int finite)\n{']
-    if blocks:
-        out += ['    switch (i) {']
-        for i, (_, _, statements) in enumerate(blocks):
-            out += [f'    case {i}:'] + [f'        {statement}' for statement in statements] + ['        break;']
-        out += ['    }']
-    out += ['    (void)p; (void)aux; (void)i; (void)finite;\n}\n']
+    out = ['/* the packed copies of weight block i (WEIGHT_SPANS[i], heaviest first) from its part of p alone:',
+           ' * the forward\'s (and the flag "all finite"; finite: whether all of that part is finite, 1 or 0;',
+           ' * -1 not known: checked here), then the input gradient\'s */']
+    for name, params, pick in (('pack_weights_fwd', ', int finite', lambda st: st[:1]),
+                               ('pack_weights_bgx', '', lambda st: st[1:])):
+        out.append(f'static void\n{name}(const double *restrict p, double *restrict aux, int i{params})\n{{')
+        cases = [(i, pick(statements)) for i, (_, _, statements) in enumerate(blocks) if pick(statements)]
+        if cases:
+            out += ['    switch (i) {']
+            for i, statements in cases:
+                out += [f'    case {i}:'] + [f'        {statement}' for statement in statements] + ['        break;']
+            out += ['    }']
+        out += [f'    (void)p; (void)aux; (void)i;{" (void)finite;" if params else ""}\n}}\n']
+    out += ['static void\npack_weights(const double *restrict p, double *restrict aux, int i, int finite)\n{',
+            '    pack_weights_fwd(p, aux, i, finite);', '    pack_weights_bgx(p, aux, i);\n}\n']
     return out, [span for span, _, _ in blocks], others
 
 

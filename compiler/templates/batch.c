@@ -154,6 +154,7 @@ static long
 batch_train(NNState *st, const double *X, long rows, double *losses, int T, double *total)
 {
     Batch bt = {st, X, rows, N_INPUTS, NULL, losses};
+    packs_current(st);          /* (the rows' backward reads the input-gradient packs) */
     double *before = st->gp;
     st->gp = st->gp_next;
     memset(st->gp, 0, sizeof(double) * N_PARAM_SPAN);

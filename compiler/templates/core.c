@@ -152,16 +152,20 @@ typedef struct {
     int clear;                /* clear_row_grads too, on the last part */
 } ForwardJob;
 
-/* The forward on the caller; the backward's zeroing on a helper meanwhile
- * (or after it, when the pool had no helper to give). */
+/* The forward on the caller; the backward's zeroing and the packs that lag
+ * on a helper meanwhile (or after it, when the pool had no helper to give):
+ * the forward reads neither. */
 static void
 forward_job(void *ctx, int part, int parts)
 {
     const ForwardJob *j = (const ForwardJob *)ctx;
     if (part == 0)
         forward_rows(j->b, 0, 1, SCRATCH_OF(j->st, 0));
-    if (j->clear && part == parts - 1)
-        clear_row_grads(j->st, j->b->upto);
+    if (part == parts - 1) {
+        if (j->clear)
+            clear_row_grads(j->st, j->b->upto);
+        packs_current(j->st);
+    }
 }
 
 NN_API double
@@ -170,10 +174,10 @@ nn_forward(void *state, int n)
     NNState *st = (NNState *)state;
     Block b = block_of(st, st->one_v, st->one_g);
     b.upto = n >= 1 && n <= POSITIONS ? n : POSITIONS;
-    const int beside = ROW_STRIDE - N_INPUTS >= MIN_CLEAR_BESIDE && threads_for(st, 1, 0) > 1 &&
-                       pool_spins_for(&st->pool, 2);
+    const int helper = threads_for(st, 1, 0) > 1 && pool_spins_for(&st->pool, 2);
+    const int beside = helper && ROW_STRIDE - N_INPUTS >= MIN_CLEAR_BESIDE;
     ForwardJob job = {st, &b, beside};
-    pool_run(&st->pool, forward_job, &job, beside ? 2 : 1);
+    pool_run(&st->pool, forward_job, &job, beside || (helper && st->bgx_behind) ? 2 : 1);
     st->grads_clear = beside;
     st->forward_done = 1;
     st->upto = b.upto;
@@ -210,6 +214,7 @@ nn_backward(void *state)
     const int T = threads_for(st, 1, 0);
     if (T > 1)
         pool_poke(&st->pool);
+    packs_current(st);
     Block b = block_of(st, st->one_v, st->one_g);
     b.input_grads = 1;
     b.upto = st->upto;
@@ -267,11 +272,14 @@ wait_set(const int *flag)
         POOL_PAUSE();
 }
 
-/* Weight block i's step, then its packs (as optimizer_job does). */
+/* Weight block i's step, then its forward's packs (as optimizer_job does);
+ * its input gradient's packs are left to the next forward's helper (the
+ * next backward reads them first: packs_current). */
 static void
 step_block(const OptimizerJob *o, int i)
 {
-    pack_weights(o->st->p, o->st->aux, i, step_range(o, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]));
+    pack_weights_fwd(o->st->p, o->st->aux, i, step_range(o, WEIGHT_SPANS[i][0], WEIGHT_SPANS[i][1]));
+    o->st->bgx_late[i] = 1;
 }
 
 static int
@@ -327,6 +335,7 @@ nn_backward_step(void *state, double lr, int zero)
 #ifdef HAVE_PIPELINE
     const int T = st->threads;
     if (T > 1 && pool_spins_for(&st->pool, T)) {
+        packs_current(st);
         Block b = block_of(st, st->one_v, st->one_g);
         b.input_grads = 1;
         b.upto = st->upto;
@@ -338,6 +347,7 @@ nn_backward_step(void *state, double lr, int zero)
         b.pipe = &pl;
         BackwardStepJob job = {st, &b, {st, lr, 1.0, st->state[0] + 1.0, zero}};
         pool_run(&st->pool, backward_step_job, &job, T);
+        st->bgx_behind = 1;
         refresh_rest(st->p, st->aux);
         st->state[0] = job.o.t;
         if (zero)
@@ -368,6 +378,7 @@ nn_update(void *state, double lr)
     for (int j = 0; j < N_PARAM_SPAN; j++)
         st->p[j] -= lr * st->gp[j];
     refresh_aux(st->p, st->aux);
+    all_packed(st);
     st->forward_done = 0;
 }
 
@@ -441,6 +452,7 @@ nn_write_params(void *state, const double *in)
     NNState *st = (NNState *)state;
     params_from_user(in, st->p);
     refresh_aux(st->p, st->aux);
+    all_packed(st);
     st->forward_done = 0;
 }
 

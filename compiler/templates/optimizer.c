@@ -234,6 +234,35 @@ refresh_aux(const double *restrict p, double *restrict aux)
     refresh_rest(p, aux);
 }
 
+/* The input-gradient packs that lag p: nn_backward_step leaves them to the
+ * next forward, whose helper makes them while the forward runs (core.c). */
+static void
+pack_late(NNState *st)
+{
+    for (int i = 0; i < N_WEIGHT_BLOCKS; i++)
+        if (st->bgx_late[i]) {
+            pack_weights_bgx(st->p, st->aux, i);
+            st->bgx_late[i] = 0;
+        }
+}
+
+/* Before anything reads the input-gradient packs (a backward): none lags. */
+static void
+packs_current(NNState *st)
+{
+    if (st->bgx_behind)
+        pack_late(st);
+    st->bgx_behind = 0;
+}
+
+/* Every pack was made anew (pack_weights, whole): none lags p. */
+static void
+all_packed(NNState *st)
+{
+    st->bgx_behind = 0;
+    memset(st->bgx_late, 0, sizeof st->bgx_late);
+}
+
 typedef struct {
     NNState *st;
     double lr, divisor, t;
@@ -346,5 +375,6 @@ optimizer_step(NNState *st, double lr, double divisor, int T, int zero)
     else
         optimizer_job(&o, 0, 1);      /* block by block too: each packed while in cache */
     refresh_rest(st->p, st->aux);
+    all_packed(st);
     st->state[0] = o.t;
 }

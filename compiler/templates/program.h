@@ -37,6 +37,9 @@ static void init_aux(const double *restrict p, double *restrict aux);
 /* the packed copies of weight block i (of N_WEIGHT_BLOCKS) in aux, from its part of p alone
  * (finite: whether all of it is finite, 1 or 0, when the caller knows; else -1) */
 static void pack_weights(const double *restrict p, double *restrict aux, int i, int finite);
+/* its two parts: the forward's packs and flag, then the input gradient's */
+static void pack_weights_fwd(const double *restrict p, double *restrict aux, int i, int finite);
+static void pack_weights_bgx(const double *restrict p, double *restrict aux, int i);
 /* the rest of aux, from p and the packs: padded heads, flags, what is computed once */
 static void refresh_rest(const double *restrict p, double *restrict aux);
 /* the values computed once per change of p (by refresh_rest, compiler/invariant.py) into a row */

@@ -94,6 +94,8 @@ typedef struct NNState {
     int upto;                 /* the positions of the last nn_forward() (a sequence) */
     int grads_clear;          /* one_g's gradients are 0 where nn_backward adds (zeroed beside
                                * the nn_forward(): core.c) */
+    int bgx_behind;           /* some input-gradient packs lag p (nn_backward_step): bgx_late[i] */
+    char bgx_late[N_WEIGHT_BLOCKS > 0 ? N_WEIGHT_BLOCKS : 1];
     const MatVecKernels *kernels;   /* the MatVec loops for this CPU (NULL: none) */
     int vector_level;         /* the optimizer's loops: vector_level() at nn_init */
     Pool pool;
@@ -106,6 +108,9 @@ typedef struct NNState {
 static void optimizer_step(NNState *st, double lr, double divisor, int T, int zero);
 /* aux from p (pack_weights for every block, then refresh_rest) */
 static void refresh_aux(const double *restrict p, double *restrict aux);
+/* the input-gradient packs that lag p (bgx_late) made now; and: none lags (all were made) */
+static void packs_current(NNState *st);
+static void all_packed(NNState *st);
 
 /* batch.c */
 static long first_non_finite(const double *x, long n);
