@@ -333,7 +333,7 @@ nn_backward_step(void *state, double lr, int zero)
     if (!st->forward_done)
         return;
 #ifdef HAVE_PIPELINE
-    const int T = st->threads;
+    const int T = threads_for(st, 1, 0);      /* (a small model's step stays on the caller) */
     if (T > 1 && pool_spins_for(&st->pool, T)) {
         packs_current(st);
         Block b = block_of(st, st->one_v, st->one_g);
