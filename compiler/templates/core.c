@@ -146,25 +146,52 @@ clear_row_grads(NNState *st, int upto)
  * a few. The tests' -DMICROGRAD_MIN_WORK_PER_THREAD=0 deals out any). */
 #define MIN_CLEAR_BESIDE (MIN_WORK_PER_THREAD > 0 ? 32768 : 0)
 
+/* nn_backward_step's pipeline (below) is built where helpers spin for work */
+#if !defined(NN_NO_THREADS) && POOL_SPINS > 0 && N_PIPELINED > 0 && OPT_KIND != OPT_NONE
+#define HAVE_PIPELINE 1
+#endif
+
 typedef struct {
     NNState *st;
     const Block *b;
     int clear;                /* clear_row_grads too, on the last part */
+    int *next;                /* the next block whose late packs a part takes (NULL: none late) */
 } ForwardJob;
 
-/* The forward on the caller; the backward's zeroing and the packs that lag
- * on a helper meanwhile (or after it, when the pool had no helper to give):
- * the forward reads neither. */
+/* The input-gradient packs that lag p (only nn_backward_step leaves any),
+ * each block's made by the first part free. */
+static void
+pack_late_shared(NNState *st, int *next)
+{
+#ifdef HAVE_PIPELINE
+    for (int i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < N_WEIGHT_BLOCKS;)
+        if (st->bgx_late[i]) {
+            pack_weights_bgx(st->p, st->aux, i);
+            st->bgx_late[i] = 0;
+        }
+#else
+    (void)next;
+    packs_current(st);
+#endif
+}
+
+/* The forward on the caller; the backward's zeroing on a helper meanwhile
+ * (or after it, when the pool had no helper to give), and the packs that
+ * lag on whichever part is free first: the forward reads none of them. */
 static void
 forward_job(void *ctx, int part, int parts)
 {
     const ForwardJob *j = (const ForwardJob *)ctx;
-    if (part == 0)
+    if (part == 0) {
         forward_rows(j->b, 0, 1, SCRATCH_OF(j->st, 0));
+        if (j->next != NULL)
+            pack_late_shared(j->st, j->next);
+    }
     if (part == parts - 1) {
         if (j->clear)
             clear_row_grads(j->st, j->b->upto);
-        packs_current(j->st);
+        if (j->next != NULL)
+            pack_late_shared(j->st, j->next);
     }
 }
 
@@ -176,9 +203,11 @@ nn_forward(void *state, int n)
     b.upto = n >= 1 && n <= POSITIONS ? n : POSITIONS;
     const int helper = threads_for(st, 1, 0) > 1 && pool_spins_for(&st->pool, 2);
     const int beside = helper && ROW_STRIDE - N_INPUTS >= MIN_CLEAR_BESIDE;
-    ForwardJob job = {st, &b, beside};
+    int next = 0;
+    ForwardJob job = {st, &b, beside, st->bgx_behind ? &next : NULL};
     pool_run(&st->pool, forward_job, &job, beside || (helper && st->bgx_behind) ? 2 : 1);
     st->grads_clear = beside;
+    st->bgx_behind = 0;
     st->forward_done = 1;
     st->upto = b.upto;
     return LOSS_OF(st->one_v, st->p);
@@ -237,10 +266,6 @@ nn_backward(void *state)
  * thread takes the blocks left, and the other parameters once the caller
  * has made their gradients. Each number is computed by the same operations
  * as nn_backward then nn_step: the same bits, at any thread count. */
-#if !defined(NN_NO_THREADS) && POOL_SPINS > 0 && N_PIPELINED > 0 && OPT_KIND != OPT_NONE
-#define HAVE_PIPELINE 1
-#endif
-
 typedef struct Pipeline {
     int ready[N_PIPELINED > 0 ? N_PIPELINED : 1];   /* op j's backward has run */
     int next;                 /* the next piece of work a thread takes (pipelined ops, then blocks) */
