@@ -232,6 +232,21 @@ param_grads_job(void *ctx, int part, int parts)
     param_grads(j->b, 1, part, parts, SCRATCH_OF(j->st, part));
 }
 
+/* The row's block for its backward (nn_forward's values), its gradients
+ * zeroed where the backward adds and the packs it reads current. */
+static Block
+backward_block(NNState *st)
+{
+    packs_current(st);
+    Block b = block_of(st, st->one_v, st->one_g);
+    b.input_grads = 1;
+    b.upto = st->upto;
+    if (!st->grads_clear)
+        clear_row_grads(st, b.upto);
+    st->grads_clear = 0;
+    return b;
+}
+
 NN_API void
 nn_backward(void *state)
 {
@@ -243,13 +258,7 @@ nn_backward(void *state)
     const int T = threads_for(st, 1, 0);
     if (T > 1)
         pool_poke(&st->pool);
-    packs_current(st);
-    Block b = block_of(st, st->one_v, st->one_g);
-    b.input_grads = 1;
-    b.upto = st->upto;
-    if (!st->grads_clear)
-        clear_row_grads(st, b.upto);
-    st->grads_clear = 0;
+    Block b = backward_block(st);
     backward_rows(&b, 0, 1, SCRATCH_OF(st, 0));
     RowJob job = {st, &b};
     pool_run(&st->pool, param_grads_job, &job, T);
@@ -360,13 +369,7 @@ nn_backward_step(void *state, double lr, int zero)
 #ifdef HAVE_PIPELINE
     const int T = threads_for(st, 1, 0);      /* (a small model's step stays on the caller) */
     if (T > 1 && pool_spins_for(&st->pool, T)) {
-        packs_current(st);
-        Block b = block_of(st, st->one_v, st->one_g);
-        b.input_grads = 1;
-        b.upto = st->upto;
-        if (!st->grads_clear)
-            clear_row_grads(st, b.upto);
-        st->grads_clear = 0;
+        Block b = backward_block(st);
         Pipeline pl;
         memset(&pl, 0, sizeof pl);
         b.pipe = &pl;
