@@ -307,8 +307,9 @@ wait_set(const int *flag)
 }
 
 /* Weight block i's step, then its forward's packs (as optimizer_job does);
- * its input gradient's packs are left to the next forward's helper (the
- * next backward reads them first: packs_current). */
+ * its input gradient's packs are left to the next forward, which makes them
+ * beside its own work (the next backward reads them first; whatever reads
+ * them without a forward first makes them: packs_current). */
 static void
 step_block(const OptimizerJob *o, int i)
 {

@@ -235,7 +235,7 @@ refresh_aux(const double *restrict p, double *restrict aux)
 }
 
 /* The input-gradient packs that lag p: nn_backward_step leaves them to the
- * next forward, whose helper makes them while the forward runs (core.c). */
+ * next forward, which makes them beside its own work (core.c). */
 static void
 pack_late(NNState *st)
 {
