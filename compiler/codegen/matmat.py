@@ -56,16 +56,19 @@ class MatMatRenderer:
                       and not any(not lay.is_row(h) and self.flags[h] for u in op.uses for h in u.heads or ())]
         if not candidates:
             return []
-        program, mine = self.program, {id(op) for op in candidates}
+        program = self.program
         reads = [np.asarray([program.loss, *program.outputs], dtype=np.int64)]
         if program.arrays is not None:
             reads += [program.arrays.a, program.arrays.b[program.arrays.b >= 0]]
-        reads += [read_slots(op) for _, op in program.lifted if id(op) not in mine]
+        reads += [read_slots(op) for _, op in program.lifted]
         count = np.bincount(np.concatenate(reads), minlength=program.n_slots)
         kept = []
-        for op in candidates:
+        for op in candidates:       # read by anything but op itself?
             first = op.uses[0]
-            if not count[first.wt0:first.wt0 + first.rows * first.cols].any():
+            w0, w1 = first.wt0, first.wt0 + first.rows * first.cols
+            own = read_slots(op)
+            own = np.bincount(own[(own >= w0) & (own < w1)] - w0, minlength=w1 - w0)
+            if not (count[w0:w1] - own).any():
                 kept.append(op)
         return kept[::-1]
 
