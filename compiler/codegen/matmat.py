@@ -57,16 +57,16 @@ class MatMatRenderer:
         if not candidates:
             return []
         program = self.program
-        reads = [np.asarray([program.loss, *program.outputs], dtype=np.int64)]
+        lifted = {id(op): read_slots(op) for _, op in program.lifted}
+        reads = [np.asarray([program.loss, *program.outputs], dtype=np.int64), *lifted.values()]
         if program.arrays is not None:
             reads += [program.arrays.a, program.arrays.b[program.arrays.b >= 0]]
-        reads += [read_slots(op) for _, op in program.lifted]
         count = np.bincount(np.concatenate(reads), minlength=program.n_slots)
         kept = []
         for op in candidates:       # read by anything but op itself?
             first = op.uses[0]
             w0, w1 = first.wt0, first.wt0 + first.rows * first.cols
-            own = read_slots(op)
+            own = lifted[id(op)]
             own = np.bincount(own[(own >= w0) & (own < w1)] - w0, minlength=w1 - w0)
             if not (count[w0:w1] - own).any():
                 kept.append(op)

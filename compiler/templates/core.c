@@ -165,10 +165,7 @@ pack_late_shared(NNState *st, int *next)
 {
 #ifdef HAVE_PIPELINE
     for (int i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < N_WEIGHT_BLOCKS;)
-        if (st->bgx_late[i]) {
-            pack_weights_bgx(st->p, st->aux, i);
-            st->bgx_late[i] = 0;
-        }
+        pack_late_block(st, i);
 #else
     (void)next;
     packs_current(st);

@@ -234,16 +234,22 @@ refresh_aux(const double *restrict p, double *restrict aux)
     refresh_rest(p, aux);
 }
 
-/* The input-gradient packs that lag p: nn_backward_step leaves them to the
- * next forward, which makes them beside its own work (core.c). */
+/* Block i's input-gradient packs, if they lag p: nn_backward_step leaves
+ * them to the next forward, which makes them beside its own work (core.c). */
+static void
+pack_late_block(NNState *st, int i)
+{
+    if (st->bgx_late[i]) {
+        pack_weights_bgx(st->p, st->aux, i);
+        st->bgx_late[i] = 0;
+    }
+}
+
 static void
 pack_late(NNState *st)
 {
     for (int i = 0; i < N_WEIGHT_BLOCKS; i++)
-        if (st->bgx_late[i]) {
-            pack_weights_bgx(st->p, st->aux, i);
-            st->bgx_late[i] = 0;
-        }
+        pack_late_block(st, i);
 }
 
 /* Before anything reads the input-gradient packs (a backward): none lags. */

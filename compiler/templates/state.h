@@ -108,7 +108,9 @@ typedef struct NNState {
 static void optimizer_step(NNState *st, double lr, double divisor, int T, int zero);
 /* aux from p (pack_weights for every block, then refresh_rest) */
 static void refresh_aux(const double *restrict p, double *restrict aux);
-/* the input-gradient packs that lag p (bgx_late) made now; and: none lags (all were made) */
+/* the input-gradient packs that lag p (bgx_late): block i's, all of them now;
+ * and: none lags (all were made) */
+static void pack_late_block(NNState *st, int i);
 static void packs_current(NNState *st);
 static void all_packed(NNState *st);
 
